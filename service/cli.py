@@ -1,0 +1,63 @@
+"""The shared ``main()``: arguments, settings, ``asyncio.run`` and the exit code.
+
+Only this module catches broadly: a failure becomes plain lines on stderr and
+a non-zero exit; a traceback only with ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from service.errors import ConfigError
+from service.settings import Settings, load_settings
+from service.telemetry import redact, setup_logging
+
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def cause_chain(exc: BaseException) -> list[str]:
+    """``Type: message`` for the exception and each cause, redacted."""
+    lines: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current).strip().splitlines()[0] if str(current).strip() else ""
+        lines.append(
+            redact(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        )
+        current = current.__cause__ or current.__context__
+    return lines
+
+
+def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
+    """Parse arguments, load settings, run ``command`` and exit with its code."""
+    parser.add_argument("--verbose", action="store_true", help="print tracebacks on failure")
+    args = parser.parse_args()
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"{parser.prog}: configuration error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    setup_logging(settings.log_level, settings.log_format)
+    try:
+        code: int = asyncio.run(command(settings, args))
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:
+        chain = cause_chain(exc)
+        print(f"{parser.prog}: failed: {chain[0]}", file=sys.stderr)
+        for line in chain[1:]:
+            print(f"  caused by {line}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        code = EXIT_FAILURE
+    sys.exit(code)

@@ -1,0 +1,151 @@
+"""PostgreSQL: the pool, every SQL statement the service runs, one function each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeAlias
+from uuid import UUID
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from service.domain import Outcome, outcome_of
+from service.settings import Settings
+
+if TYPE_CHECKING:  # the stubs make these generic; the runtime classes are not
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+    PlainConnection: TypeAlias = asyncpg.Connection[asyncpg.Record]
+else:
+    Pool = asyncpg.Pool
+    Connection = asyncpg.Connection | PoolConnectionProxy
+    PlainConnection = asyncpg.Connection
+
+EPOCH_START = datetime(1, 1, 1, tzinfo=UTC)
+NIL_UUID = UUID(int=0)
+
+
+async def create_pool(settings: Settings, *, application_name: str, size: int) -> Pool:
+    """Open a pool whose sessions carry the lock and statement timeouts."""
+    return await asyncpg.create_pool(
+        settings.database_url,
+        min_size=1,
+        max_size=size,
+        timeout=settings.db_connect_timeout_seconds,
+        command_timeout=settings.statement_timeout_ms / 1000 + 5,
+        server_settings={
+            "application_name": application_name,
+            "lock_timeout": str(settings.lock_timeout_ms),
+            "statement_timeout": str(settings.statement_timeout_ms),
+        },
+    )
+
+
+async def connect(settings: Settings, *, application_name: str) -> PlainConnection:
+    """Open one connection (for the scan and the migrations)."""
+    return await asyncpg.connect(
+        settings.database_url,
+        timeout=settings.db_connect_timeout_seconds,
+        command_timeout=settings.statement_timeout_ms / 1000 + 5,
+        server_settings={
+            "application_name": application_name,
+            "lock_timeout": str(settings.lock_timeout_ms),
+            "statement_timeout": str(settings.statement_timeout_ms),
+        },
+    )
+
+
+DB_NOW = "SELECT now()"
+
+# The guarded transition and its audit row, in one statement (so one
+# transaction): only a held reservation whose deadline has passed by the
+# database's clock moves to expired, and only the winner writes the audit row.
+EXPIRE_RESERVATION = """
+WITH expired AS (
+    UPDATE reservations
+       SET status = 'expired', updated_at = now()
+     WHERE id = $1 AND status = 'held' AND hold_until <= now()
+ RETURNING id
+), audit AS (
+    INSERT INTO reservation_transitions
+           (reservation_id, from_status, to_status, message_id, attempt, worker)
+    SELECT id, 'held', 'expired', $2, $3, $4 FROM expired
+)
+SELECT EXISTS (SELECT 1 FROM expired) AS won, r.status, r.hold_until <= now() AS due
+  FROM (SELECT 1) AS one
+  LEFT JOIN reservations r ON r.id = $1
+"""
+
+READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations WHERE id = $1"
+
+# One keyset page of due, held reservations without a live lease, oldest
+# deadline first, locked so that an overlapping scan skips them.
+CLAIM_DUE = """
+SELECT r.id, r.hold_until
+  FROM reservations r
+ WHERE r.status = 'held'
+   AND r.hold_until <= $1
+   AND (r.hold_until, r.id) > ($2, $3)
+   AND NOT EXISTS (SELECT 1 FROM publish_leases l
+                    WHERE l.reservation_id = r.id AND l.lease_until > now())
+ ORDER BY r.hold_until, r.id
+ LIMIT $4
+   FOR NO KEY UPDATE OF r SKIP LOCKED
+"""
+
+RECORD_LEASES = """
+INSERT INTO publish_leases (reservation_id, message_id, lease_until)
+SELECT id, message_id, clock_timestamp() + make_interval(secs => $3)
+  FROM unnest($1::uuid[], $2::text[]) AS batch (id, message_id)
+    ON CONFLICT (reservation_id) DO UPDATE
+   SET message_id = EXCLUDED.message_id,
+       lease_until = EXCLUDED.lease_until,
+       last_published = clock_timestamp(),
+       publish_count = publish_leases.publish_count + 1
+"""
+
+
+@dataclass(frozen=True)
+class DueHold:
+    """A held reservation whose deadline has passed."""
+
+    id: UUID
+    hold_until: datetime
+
+
+async def db_now(conn: Connection) -> datetime:
+    """The database's clock: the only clock that decides what is due."""
+    value: datetime = await conn.fetchval(DB_NOW)
+    return value
+
+
+async def expire_reservation(
+    conn: Connection, reservation_id: UUID, *, message_id: str, attempt: int, worker: str
+) -> Outcome:
+    """Run the guarded transition; return what happened (raises for unknown ids)."""
+    row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
+    assert row is not None  # the LEFT JOIN always yields one row
+    won, status, due = bool(row["won"]), row["status"], bool(row["due"])
+    if not won and status == "held" and due:
+        # The statement read the row before a concurrent writer committed:
+        # read it again, now that the update has waited for that writer.
+        fresh = await conn.fetchrow(READ_RESERVATION, reservation_id)
+        status, due = (fresh["status"], bool(fresh["due"])) if fresh else (None, False)
+    return outcome_of(won=won, status=status, due=due)
+
+
+async def claim_due(
+    conn: Connection, *, until: datetime, after: tuple[datetime, UUID], limit: int
+) -> list[DueHold]:
+    """Lock the next page of due holds after the ``after`` cursor (in a transaction)."""
+    rows = await conn.fetch(CLAIM_DUE, until, after[0], after[1], limit)
+    return [DueHold(id=row["id"], hold_until=row["hold_until"]) for row in rows]
+
+
+async def record_leases(
+    conn: Connection, ids: Sequence[UUID], message_ids: Sequence[str], *, lease_seconds: int
+) -> None:
+    """Record that these commands were confirmed by the broker."""
+    await conn.execute(RECORD_LEASES, list(ids), list(message_ids), float(lease_seconds))

@@ -1,0 +1,100 @@
+"""The reservation state machine and the expiration command: pure, no I/O."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
+
+from service.errors import ConcurrentUpdate, PoisonMessage, UnknownReservation
+
+
+class Status(StrEnum):
+    """A reservation's state, exactly as stored in ``reservations.status``."""
+
+    HELD = "held"
+    EXPIRED = "expired"
+    CONSUMED = "consumed"
+
+
+FINAL = frozenset({Status.EXPIRED, Status.CONSUMED})
+
+
+class Outcome(StrEnum):
+    """What one expiration command did; every outcome is a success (ack)."""
+
+    EXPIRED = "expired"  # this delivery made the transition
+    ALREADY_DONE = "already-done"  # a duplicate: the hold was expired before
+    NOT_ELIGIBLE = "not-eligible"  # consumed, or not due yet
+
+
+# Error classes of unusable bodies.
+POISON_NOT_JSON = "poison.not-json"
+POISON_SCHEMA = "poison.schema"
+POISON_BAD_UUID = "poison.bad-uuid"
+
+
+class ExpireCommand(BaseModel):
+    """The body of an expiration command."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    reservation_id: UUID
+    hold_until: AwareDatetime
+
+
+def parse_command(body: bytes) -> ExpireCommand:
+    """Parse a message body, or raise ``PoisonMessage`` naming what is wrong."""
+    try:
+        return ExpireCommand.model_validate_json(body)
+    except ValidationError as exc:
+        raise _poison(exc) from None
+
+
+def _poison(exc: ValidationError) -> PoisonMessage:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    kind = first["type"]
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    if kind in ("json_invalid", "json_type", "model_type"):
+        return PoisonMessage(POISON_NOT_JSON, "body is not a JSON object")
+    if field == "reservation_id" and kind.startswith("uuid"):
+        return PoisonMessage(POISON_BAD_UUID, "reservation_id is not a UUID")
+    return PoisonMessage(POISON_SCHEMA, f"{field}: {first['msg']}")
+
+
+def epoch_millis(moment: datetime) -> int:
+    """Integer milliseconds since the Unix epoch (an aware datetime)."""
+    return round(moment.timestamp() * 1000)
+
+
+def message_id(reservation_id: UUID, hold_until: datetime) -> str:
+    """The stable message id: the same every time the same hold is published."""
+    return f"expire:{reservation_id}:{epoch_millis(hold_until)}"
+
+
+def command_body(reservation_id: UUID, hold_until: datetime) -> bytes:
+    """The JSON body of a command, as the contract spells it."""
+    command = ExpireCommand(reservation_id=reservation_id, hold_until=hold_until)
+    return command.model_dump_json().encode()
+
+
+def outcome_of(*, won: bool, status: str | None, due: bool) -> Outcome:
+    """Name the outcome of a guarded update from what the database saw.
+
+    ``won`` says whether this update made the transition; ``status`` and
+    ``due`` describe the row as it is now (``status`` is None if no row).
+    """
+    if won:
+        return Outcome.EXPIRED
+    if status is None:
+        raise UnknownReservation
+    if status == Status.EXPIRED:
+        return Outcome.ALREADY_DONE
+    if status == Status.CONSUMED or not due:
+        return Outcome.NOT_ELIGIBLE
+    # Held and due, yet the guarded update did not win: the row changed while
+    # the update ran (a deadline moved, say). Try again later; never guess.
+    raise ConcurrentUpdate

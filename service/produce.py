@@ -1,0 +1,160 @@
+"""``python -m service.produce --scan``: publish a command for every due hold.
+
+One bounded pass, oldest deadline first, in keyset pages. Each page is locked
+(``FOR NO KEY UPDATE SKIP LOCKED``) so that overlapping scans split the work,
+published with confirms, and its leases recorded in the same transaction, only
+for the commands the broker confirmed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aio_pika
+from aio_pika.abc import AbstractExchange, DeliveryMode
+
+from service import broker, db
+from service.cli import run_command
+from service.domain import command_body, message_id
+from service.errors import PublishNotConfirmed
+from service.settings import Settings
+from service.topology import EXCHANGE, ROUTING_KEY, build_topology, declare_topology
+
+log = logging.getLogger(__name__)
+
+APP_ID = "expiry-service"
+
+
+@dataclass
+class ScanResult:
+    """What one scan did."""
+
+    published: int = 0
+    failed: int = 0
+    batches: int = 0
+
+
+def build_command(hold: db.DueHold) -> aio_pika.Message:
+    """The persistent expiration command for one due hold."""
+    return aio_pika.Message(
+        command_body(hold.id, hold.hold_until),
+        content_type="application/json",
+        delivery_mode=DeliveryMode.PERSISTENT,
+        message_id=message_id(hold.id, hold.hold_until),
+        type="expire",
+        app_id=APP_ID,
+    )
+
+
+async def scan(settings: Settings) -> ScanResult:
+    """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed."""
+    # The broker first: if it is down, nothing is claimed and nothing recorded.
+    connection = await broker.connect(settings, name=f"expiry-produce {settings.worker_id}")
+    try:
+        channel = await broker.open_confirm_channel(connection)
+        declared = await declare_topology(channel, build_topology(settings.retry_delays))
+        exchange = declared.exchanges[EXCHANGE]
+        conn = await db.connect(settings, application_name="expiry-produce")
+        try:
+            result = await scan_pass(conn, exchange, settings)
+        finally:
+            await conn.close()
+    finally:
+        await connection.close()
+    if result.failed:
+        raise PublishNotConfirmed(
+            f"{result.failed} command(s) not confirmed by the broker "
+            f"({result.published} confirmed); the next scan publishes them again"
+        )
+    return result
+
+
+async def scan_pass(
+    conn: db.Connection, exchange: AbstractExchange, settings: Settings
+) -> ScanResult:
+    """Publish every due hold without a live lease, as of the scan's start."""
+    result = ScanResult()
+    until = await db.db_now(conn)
+    cursor = (db.EPOCH_START, db.NIL_UUID)
+    while True:
+        async with conn.transaction():
+            batch = await db.claim_due(
+                conn, until=until, after=cursor, limit=settings.scan_batch_size
+            )
+            if not batch:
+                break
+            confirmed = await publish_batch(exchange, batch, settings.publish_timeout_seconds)
+            await db.record_leases(
+                conn,
+                [hold.id for hold in confirmed],
+                [message_id(hold.id, hold.hold_until) for hold in confirmed],
+                lease_seconds=settings.lease_seconds,
+            )
+        result.batches += 1
+        result.published += len(confirmed)
+        result.failed += len(batch) - len(confirmed)
+        if result.failed or len(batch) < settings.scan_batch_size:
+            break
+        cursor = (batch[-1].hold_until, batch[-1].id)
+    return result
+
+
+async def publish_batch(
+    exchange: AbstractExchange, batch: list[db.DueHold], timeout: float
+) -> list[db.DueHold]:
+    """Publish a page concurrently (one window of confirms); return the confirmed holds."""
+    outcomes = await asyncio.gather(
+        *(
+            broker.publish_confirmed(exchange, build_command(hold), ROUTING_KEY, timeout=timeout)
+            for hold in batch
+        ),
+        return_exceptions=True,
+    )
+    confirmed: list[db.DueHold] = []
+    for hold, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, PublishNotConfirmed):
+                raise outcome
+            log.warning(
+                "expiry.publish_failed",
+                extra={"reservation_id": str(hold.id), "reason": str(outcome)},
+            )
+        else:
+            confirmed.append(hold)
+    return confirmed
+
+
+async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.scan:
+        print("nothing to do: pass --scan", flush=True)
+        return 2
+    started = time.monotonic()
+    result = await scan(settings)
+    elapsed = time.monotonic() - started
+    print(
+        f"scan: published {result.published} command(s) in {result.batches} batch(es), "
+        f"all confirmed, {elapsed:.2f}s",
+        flush=True,
+    )
+    return 0
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m service.produce",
+        description=(
+            "Publish an expiration command, with publisher confirms, for every due held "
+            "reservation that has no live publish lease. Exit 0 only if all were confirmed."
+        ),
+    )
+    parser.add_argument("--scan", action="store_true", help="run one scan and exit")
+    run_command(parser, _main)
+
+
+if __name__ == "__main__":
+    main()
