@@ -40,6 +40,7 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
+        validate_by_name=True,
     )
 
     database_url: str = Field(
@@ -142,6 +143,6 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "settings"
-        name = _ENV_NAMES.get(field, f"EXPIRY_{field.upper()}")
+        name = _ENV_NAMES.get(field.lower(), f"EXPIRY_{field.upper()}")
         message = str(error["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{name}: {message}") from None

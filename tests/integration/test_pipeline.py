@@ -1,0 +1,287 @@
+"""The pipeline against the real PostgreSQL and RabbitMQ: scan, consume, ugly sequences."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from datetime import datetime
+
+import aio_pika
+import pytest
+
+from service import produce
+from service.domain import command_body, message_id
+from service.errors import TopologyMismatch
+from tests.support import (
+    Stack,
+    drain_queue,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _commands_for(stack: Stack, ids: list[object]) -> tuple[list[bytes], list[str]]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
+        )
+    return (
+        [command_body(r["id"], r["hold_until"]) for r in rows],
+        [message_id(r["id"], r["hold_until"]) for r in rows],
+    )
+
+
+async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> None:
+    """Only due held reservations are published, persistent, JSON, with the stable id."""
+    due = await insert_holds(stack.database_url, 30, due_in=-5)
+    await insert_holds(stack.database_url, 10, due_in=3600)
+    consumed = await insert_holds(stack.database_url, 5, due_in=-5)
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "UPDATE reservations SET status = 'consumed' WHERE id = ANY($1::uuid[])", consumed
+        )
+
+    result = await produce.scan(stack.settings)
+
+    assert (result.published, result.failed) == (30, 0)
+    messages = await drain_queue(stack.amqp_url, "expirations")
+    assert len(messages) == 30
+    async with pg_connection(stack.database_url) as conn:
+        deadlines = dict(await conn.fetch("SELECT id, hold_until FROM reservations"))
+    seen = set()
+    for message in messages:
+        body = json.loads(message.body)
+        rid = next(r for r in due if str(r) == body["reservation_id"])
+        assert datetime.fromisoformat(body["hold_until"]) == deadlines[rid]
+        millis = round(deadlines[rid].timestamp() * 1000)
+        assert message.message_id == f"expire:{rid}:{millis}"
+        assert message.content_type == "application/json"
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        seen.add(rid)
+    assert seen == set(due)
+
+
+async def test_scan_skips_live_leases_and_republishes_lapsed_ones(stack: Stack) -> None:
+    """A second scan publishes nothing in flight; once the lease lapses, it publishes again."""
+    ids = await insert_holds(stack.database_url, 20)
+    assert (await produce.scan(stack.settings)).published == 20
+    assert (await produce.scan(stack.settings)).published == 0
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "UPDATE publish_leases SET lease_until = now() - interval '1 second' "
+            "WHERE reservation_id = ANY($1::uuid[])",
+            ids[:5],
+        )
+        assert (await produce.scan(stack.settings)).published == 5
+        counts = await conn.fetch("SELECT publish_count FROM publish_leases ORDER BY 1")
+    assert Counter(r["publish_count"] for r in counts) == {1: 15, 2: 5}
+    assert await queue_depth(stack.amqp_url, "expirations") == 25
+
+
+async def test_pipeline_expires_each_due_hold_exactly_once(stack: Stack) -> None:
+    """Scan then consume: due holds expire once, future and consumed ones are untouched."""
+    due = await insert_holds(stack.database_url, 600)
+    future = await insert_holds(stack.database_url, 50, due_in=3600)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await produce.scan(stack.settings)
+        await eventually(lambda: _expired_count_is(stack, len(due)))
+    transitions = await transitions_per_reservation(stack.database_url)
+    assert set(transitions) == set(due)
+    assert set(transitions.values()) == {1}
+    assert (await statuses(stack.database_url))["held"] == len(future)
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def _expired_count_is(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+async def test_duplicates_to_two_consumers_make_one_transition(stack: Stack) -> None:
+    """Every command delivered four times, to two consumers at once: one transition each."""
+    ids = await insert_holds(stack.database_url, 100)
+    bodies, mids = await _commands_for(stack, ids)
+    async with (
+        running_consumer(stack.settings.model_copy(update={"worker_id": "a"})) as a,
+        running_consumer(stack.settings.model_copy(update={"worker_id": "b"})) as b,
+    ):
+        await wait_for_consumers(stack.amqp_url, 2, a)
+        await asyncio.gather(
+            *(publish_raw(stack.amqp_url, bodies, message_ids=mids) for _ in range(4))
+        )
+        await eventually(lambda: _expired_count_is(stack, 100))
+        await eventually(lambda: _queue_empty(stack, "expirations"))
+        assert not b.done()
+    transitions = await transitions_per_reservation(stack.database_url)
+    assert len(transitions) == 100
+    assert set(transitions.values()) == {1}
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def _queue_empty(stack: Stack, queue: str) -> bool:
+    info = await stack.management.queue(stack.vhost, queue)
+    return bool(info.get("messages", 1) == 0)
+
+
+async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack) -> None:
+    """The support side consumes holds at the very moment they expire: never both."""
+    ids = await insert_holds(stack.database_url, 300, due_in=1.0)
+    bodies, mids = await _commands_for(stack, ids)
+    consume_sql = (
+        "UPDATE reservations SET status = 'consumed', updated_at = now() "
+        "WHERE id = $1 AND status = 'held'"
+    )
+
+    async def support_side() -> None:
+        async with pg_connection(stack.database_url) as conn:
+            await conn.execute("SELECT pg_sleep(0.95)")
+            for rid in ids:
+                await conn.execute(consume_sql, rid)
+
+    async with running_consumer(stack.settings.model_copy(update={"prefetch": 100})) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await asyncio.sleep(0.9)
+        # Commands keep arriving around the deadline; those too early are not-eligible
+        # (and would be republished by a later scan in real life).
+        await asyncio.gather(
+            support_side(),
+            *(publish_raw(stack.amqp_url, bodies, message_ids=mids) for _ in range(3)),
+        )
+        await eventually(lambda: _queue_empty(stack, "expirations"))
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT r.status, count(t.id) AS n FROM reservations r "
+            "LEFT JOIN reservation_transitions t ON t.reservation_id = r.id GROUP BY r.id, r.status"
+        )
+    by_state = Counter((row["status"], row["n"]) for row in rows)
+    print("terminal states at the deadline:", dict(by_state))
+    assert set(by_state) <= {("expired", 1), ("consumed", 0), ("held", 0)}, by_state
+    assert sum(by_state.values()) == 300
+
+
+async def test_consumer_waits_for_a_support_side_lock_and_respects_its_outcome(
+    stack: Stack,
+) -> None:
+    """A consume that holds the row lock at the deadline wins; the command is a no-op."""
+    [rid] = await insert_holds(stack.database_url, 1, due_in=-1)
+    bodies, mids = await _commands_for(stack, [rid])
+    async with (
+        pg_connection(stack.database_url) as support,
+        running_consumer(stack.settings) as task,
+    ):
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        tx = support.transaction()
+        await tx.start()
+        await support.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", rid)
+        await publish_raw(stack.amqp_url, bodies, message_ids=mids)
+        await asyncio.sleep(0.5)  # the guarded update is now waiting on the row lock
+        await tx.commit()
+        await eventually(lambda: _queue_empty(stack, "expirations"))
+    assert await statuses(stack.database_url) == {"consumed": 1}
+    assert await transitions_per_reservation(stack.database_url) == {}
+
+
+POISON = [
+    b"",
+    b"not json at all",
+    b"\x00\xff\xfe binary",
+    b"[]",
+    b'{"reservation_id": "nope", "hold_until": "2026-01-01T00:00:00Z"}',
+    b'{"reservation_id": "6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f"}',
+    b'{"reservation_id": "6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f", "hold_until": "2026-01-01T00:00:00Z"}',
+    b"{" * 10_000,
+]
+EXPECTED_CLASSES = [
+    "poison.not-json",
+    "poison.not-json",
+    "poison.not-json",
+    "poison.not-json",
+    "poison.bad-uuid",
+    "poison.schema",
+    "unknown-reservation",
+    "poison.not-json",
+]
+
+
+async def test_poison_bodies_are_dead_lettered_with_a_reason_and_the_consumer_goes_on(
+    stack: Stack,
+) -> None:
+    """Any body at all: dead-lettered at once with its class; valid work still completes."""
+    [rid] = await insert_holds(stack.database_url, 1)
+    bodies, mids = await _commands_for(stack, [rid])
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await publish_raw(
+            stack.amqp_url, POISON, message_ids=[f"poison-{i}" for i in range(len(POISON))]
+        )
+        await publish_raw(stack.amqp_url, bodies, message_ids=mids)
+        await eventually(lambda: _expired_count_is(stack, 1))
+        await eventually(lambda: _depth_is(stack, "expirations.dead", len(POISON)))
+        assert not task.done()
+    dead = {m.message_id: m for m in await drain_queue(stack.amqp_url, "expirations.dead")}
+    for index, error_class in enumerate(EXPECTED_CLASSES):
+        headers = dead[f"poison-{index}"].headers
+        assert headers["x-expiry-error-class"] == error_class
+        assert headers["x-expiry-give-up"] == "permanent"
+        assert headers["x-expiry-attempt"] == 1
+        assert dead[f"poison-{index}"].body == POISON[index]
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
+
+
+async def test_topology_drift_is_refused_with_one_clear_line(stack: Stack) -> None:
+    """A work queue pre-declared as a classic queue stops the service at start."""
+    connection = await aio_pika.connect(stack.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue("expirations", durable=True)
+    with pytest.raises(TopologyMismatch, match="queue 'expirations' exists on the broker"):
+        await produce.scan(stack.settings)
+    with pytest.raises(TopologyMismatch, match="queue 'expirations'"):
+        async with running_consumer(stack.settings) as task:
+            await task
+
+
+async def test_scan_with_the_broker_down_records_nothing(stack: Stack) -> None:
+    """No broker: the scan fails before claiming anything, so no lease is recorded."""
+    await insert_holds(stack.database_url, 10)
+    down = stack.settings.model_copy(update={"amqp_url": ("amqp://guest:guest@127.0.0.1:1/",)})
+    with pytest.raises(ConnectionError):
+        await produce.scan(down)
+    async with pg_connection(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
+
+
+async def test_two_scans_at_once_split_the_work(stack: Stack) -> None:
+    """Overlapping scans both succeed; every due hold is published, with few duplicates."""
+    await insert_holds(stack.database_url, 3000)
+    settings = stack.settings.model_copy(update={"scan_batch_size": 200})
+    first, second = await asyncio.gather(produce.scan(settings), produce.scan(settings))
+    total = first.published + second.published
+    assert total >= 3000
+    assert total - 3000 <= 2 * settings.scan_batch_size, (first, second)
+    messages = await drain_queue(stack.amqp_url, "expirations")
+    assert len({m.message_id for m in messages}) == 3000
+    async with pg_connection(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 3000
+
+
+async def test_due_is_decided_by_the_database_clock(stack: Stack) -> None:
+    """A hold due in two seconds by the database's clock is published only after that."""
+    await insert_holds(stack.database_url, 5, due_in=2.0)
+    assert (await produce.scan(stack.settings)).published == 0
+    await asyncio.sleep(2.2)
+    assert (await produce.scan(stack.settings)).published == 5

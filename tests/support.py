@@ -1,0 +1,349 @@
+"""Test support: where the real services are, per-test isolation, small helpers.
+
+Services come from ``DATABASE_URL`` / ``AMQP_URL`` / ``RABBITMQ_MANAGEMENT_URL``
+when set, else from the contract's local defaults when those answer, else from
+testcontainers where a Docker engine runs. Otherwise the tests that need them
+skip with a reason, except under ``CI=true``, where a missing service fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import httpx
+import pytest
+
+from service.settings import Settings
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The admin endpoints of the real services used by this test run."""
+
+    database_url: str  # a maintenance database: tests create their own beside it
+    amqp_url: str  # its vhost is replaced by each test's own
+    management_url: str  # http://user:pass@host:port
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection(
+            (parts.hostname or "localhost", parts.port or default_port), 2
+        ):
+            return True
+    except OSError:
+        return False
+
+
+def _management_from_amqp(amqp_url: str) -> str:
+    parts = urlsplit(amqp_url)
+    user, password = parts.username or "guest", parts.password or "guest"
+    return f"http://{quote(user)}:{quote(password)}@{parts.hostname}:15672"
+
+
+def _docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=20)
+    return probe.returncode == 0
+
+
+def missing(reason: str) -> None:
+    """Skip, or fail under CI, because a service is missing."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def resolve_endpoints() -> Iterator[Endpoints]:
+    """Find the services (see the module docstring); yield their endpoints."""
+    database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    amqp_url = (os.environ.get("AMQP_URL") or DEFAULT_AMQP_URL).split(",")[0]
+    management_url = os.environ.get("RABBITMQ_MANAGEMENT_URL") or _management_from_amqp(amqp_url)
+    if _reachable(database_url, 5432) and _reachable(amqp_url, 5672):
+        yield Endpoints(database_url, amqp_url, management_url)
+        return
+    if not _docker_available():
+        missing(
+            "PostgreSQL and RabbitMQ are not reachable (set DATABASE_URL and AMQP_URL, "
+            "or start them) and no Docker engine runs for testcontainers"
+        )
+    with _containers() as endpoints:
+        yield endpoints
+
+
+@contextlib.contextmanager
+def _containers() -> Iterator[Endpoints]:
+    from testcontainers.postgres import PostgresContainer
+    from testcontainers.rabbitmq import RabbitMqContainer
+
+    with (
+        PostgresContainer("postgres:16-alpine", driver=None) as pg,
+        RabbitMqContainer("rabbitmq:4.0-management") as rmq,
+    ):
+        host = rmq.get_container_host_ip()
+        amqp = f"amqp://guest:guest@{host}:{rmq.get_exposed_port(5672)}/"
+        mgmt = f"http://guest:guest@{host}:{rmq.get_exposed_port(15672)}"
+        yield Endpoints(pg.get_connection_url(), amqp, mgmt)
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name``."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def with_vhost(url: str, vhost: str) -> str:
+    """``url`` pointing at ``vhost``."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{quote(vhost, safe='')}"))
+
+
+class Management:
+    """The few RabbitMQ management HTTP API calls the tests need."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.base = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port or 15672}"))
+        self.auth = (parts.username or "guest", parts.password or "guest")
+        self.user = self.auth[0]
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.base, auth=self.auth, timeout=30) as client:
+            response = await client.request(method, f"/api{path}", **kwargs)
+        response.raise_for_status()
+        return response
+
+    async def create_vhost(self, vhost: str) -> None:
+        name = quote(vhost, safe="")
+        await self._call("PUT", f"/vhosts/{name}", json={})
+        permissions = {"configure": ".*", "write": ".*", "read": ".*"}
+        await self._call("PUT", f"/permissions/{name}/{quote(self.user)}", json=permissions)
+
+    async def delete_vhost(self, vhost: str) -> None:
+        with contextlib.suppress(httpx.HTTPStatusError):
+            await self._call("DELETE", f"/vhosts/{quote(vhost, safe='')}")
+
+    async def queue(self, vhost: str, queue: str) -> dict[str, Any]:
+        response = await self._call("GET", f"/queues/{quote(vhost, safe='')}/{quote(queue)}")
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def set_policy(self, vhost: str, name: str, body: dict[str, Any]) -> None:
+        await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
+
+    async def close_connections(self, vhost: str) -> int:
+        response = await self._call("GET", f"/vhosts/{quote(vhost, safe='')}/connections")
+        names = [conn["name"] for conn in response.json()]
+        for name in names:
+            with contextlib.suppress(httpx.HTTPStatusError):
+                await self._call("DELETE", f"/connections/{quote(name, safe='')}")
+        return len(names)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One test's private database and vhost, and the settings that use them."""
+
+    database_url: str
+    amqp_url: str
+    vhost: str
+    management: Management
+    settings: Settings
+
+    def with_settings(self, **overrides: Any) -> Stack:
+        """The same stack with some settings changed."""
+        return replace(self, settings=self.settings.model_copy(update=overrides))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for ``python -m service.*`` subprocesses against this stack."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
+        env.update(
+            DATABASE_URL=self.settings.database_url,
+            AMQP_URL=",".join(self.settings.amqp_url),
+            EXPIRY_RETRY_DELAYS=",".join(str(d) for d in self.settings.retry_delays),
+            EXPIRY_LOG_FORMAT="json",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return env
+
+
+def stack_settings(database_url: str, amqp_url: str, **overrides: Any) -> Settings:
+    """Settings for one test: short delays and budgets so that retries are quick."""
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "amqp_url": (amqp_url,),
+        "retry_delays": (1, 2),
+        "max_attempts": 5,
+        "max_age_seconds": 120,
+        "lock_timeout_ms": 1000,
+        "statement_timeout_ms": 5000,
+        "db_connect_timeout_seconds": 2.0,
+        "publish_timeout_seconds": 5.0,
+        "heartbeat_seconds": 5,
+        "shutdown_timeout_seconds": 10.0,
+        "log_format": "text",
+        "worker_id": f"test-{RUN_ID}",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], *, timeout: float = 30.0, every: float = 0.1
+) -> None:
+    """Wait until ``check()`` is true, or fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(every)
+
+
+async def queue_depth(amqp_url: str, queue: str) -> int:
+    """Ready messages in ``queue`` (a passive declare: exact for the broker's view)."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count)
+    finally:
+        await connection.close()
+
+
+async def drain_queue(amqp_url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Take (and ack) every ready message of ``queue``."""
+    taken: list[aio_pika.abc.AbstractIncomingMessage] = []
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        q = await channel.get_queue(queue)
+        while (message := await q.get(fail=False, timeout=5)) is not None:
+            await message.ack()
+            taken.append(message)
+    finally:
+        await connection.close()
+    return taken
+
+
+@contextlib.asynccontextmanager
+async def pg_connection(url: str) -> AsyncIterator[asyncpg.Connection]:  # type: ignore[type-arg]
+    """A plain connection for the test's own reads and writes."""
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+INSERT_HOLDS = """
+INSERT INTO reservations (id, hold_until)
+SELECT gen_random_uuid(), now() + make_interval(secs => $2)
+  FROM generate_series(1, $1)
+RETURNING id
+"""
+
+
+async def insert_holds(url: str, count: int, *, due_in: float = -1.0) -> list[uuid.UUID]:
+    """Insert ``count`` held reservations due ``due_in`` seconds from the database's now."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch(INSERT_HOLDS, count, due_in)
+    return [row["id"] for row in rows]
+
+
+async def statuses(url: str) -> dict[str, int]:
+    """Reservations by status."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch("SELECT status, count(*) AS n FROM reservations GROUP BY 1")
+    return {row["status"]: row["n"] for row in rows}
+
+
+async def transitions_per_reservation(url: str) -> dict[uuid.UUID, int]:
+    """How many audited transitions each reservation has."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch(
+            "SELECT reservation_id, count(*) AS n FROM reservation_transitions GROUP BY 1"
+        )
+    return {row["reservation_id"]: row["n"] for row in rows}
+
+
+async def publish_raw(
+    amqp_url: str,
+    bodies: list[bytes],
+    *,
+    message_ids: list[str] | None = None,
+    headers: dict[str, Any] | None = None,
+) -> None:
+    """Publish raw bodies to the ``expirations`` exchange with confirms."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.get_exchange("expirations")
+        for index, body in enumerate(bodies):
+            message = aio_pika.Message(
+                body,
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=message_ids[index] if message_ids else None,
+                headers=headers,
+            )
+            await exchange.publish(message, "expire", mandatory=True)
+    finally:
+        await connection.close()
+
+
+async def consumer_count(amqp_url: str, queue: str = "expirations") -> int:
+    """Consumers attached to ``queue``."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.consumer_count)
+    finally:
+        await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def running_consumer(settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
+    """An in-process consumer (the real ``consume.run``), stopped as SIGTERM would."""
+    from service import consume
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume.run(settings, stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        async with asyncio.timeout(60):
+            await task
+
+
+async def wait_for_consumers(
+    amqp_url: str, count: int, task: asyncio.Task[None] | None = None
+) -> None:
+    """Wait until ``count`` consumers are attached (and fail early if ``task`` died)."""
+
+    async def attached() -> bool:
+        if task is not None and task.done():
+            task.result()
+        try:
+            return await consumer_count(amqp_url) >= count
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return False
+
+    await eventually(attached, timeout=30)
