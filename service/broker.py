@@ -23,9 +23,12 @@ log = logging.getLogger(__name__)
 
 
 def connection_url(url: str, *, heartbeat: int, name: str) -> URL:
-    """``url`` with a heartbeat (unless it names one) and a connection name."""
+    """``url`` with a heartbeat, a reconnect interval and a connection name.
+
+    Values already in the URL's query win.
+    """
     parsed = URL(url)
-    query = {"heartbeat": str(heartbeat), "name": name}
+    query = {"heartbeat": str(heartbeat), "reconnect_interval": "2", "name": name}
     query.update(parsed.query)
     return parsed.with_query(query)
 

@@ -221,7 +221,7 @@ async def queue_depth(amqp_url: str, queue: str) -> int:
     try:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count)
+        return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()
 
@@ -242,7 +242,7 @@ async def drain_queue(amqp_url: str, queue: str) -> list[aio_pika.abc.AbstractIn
 
 
 @contextlib.asynccontextmanager
-async def pg_connection(url: str) -> AsyncIterator[asyncpg.Connection]:  # type: ignore[type-arg]
+async def pg_connection(url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
     """A plain connection for the test's own reads and writes."""
     conn = await asyncpg.connect(url)
     try:
@@ -313,7 +313,7 @@ async def consumer_count(amqp_url: str, queue: str = "expirations") -> int:
     try:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.consumer_count)
+        return int(declared.declaration_result.consumer_count or 0)
     finally:
         await connection.close()
 

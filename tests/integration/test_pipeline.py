@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
+from uuid import UUID
 
 import aio_pika
 import pytest
@@ -30,7 +33,7 @@ from tests.support import (
 pytestmark = pytest.mark.integration
 
 
-async def _commands_for(stack: Stack, ids: list[object]) -> tuple[list[bytes], list[str]]:
+async def _commands_for(stack: Stack, ids: Sequence[UUID]) -> tuple[list[bytes], list[str]]:
     async with pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(
             "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
@@ -57,7 +60,8 @@ async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> 
     messages = await drain_queue(stack.amqp_url, "expirations")
     assert len(messages) == 30
     async with pg_connection(stack.database_url) as conn:
-        deadlines = dict(await conn.fetch("SELECT id, hold_until FROM reservations"))
+        rows = await conn.fetch("SELECT id, hold_until FROM reservations")
+    deadlines = {row["id"]: row["hold_until"] for row in rows}
     seen = set()
     for message in messages:
         body = json.loads(message.body)
@@ -135,29 +139,46 @@ async def _queue_empty(stack: Stack, queue: str) -> bool:
 
 
 async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack) -> None:
-    """The support side consumes holds at the very moment they expire: never both."""
-    ids = await insert_holds(stack.database_url, 300, due_in=1.0)
+    """Support side and consumer race on holds at their common deadline: never both.
+
+    The support side consumes from one end as the deadline passes, the consumer
+    expires from the other end; they meet in the middle, where each row sees
+    both writers at once. A later round of commands finishes what is left.
+    """
+    async with pg_connection(stack.database_url) as conn:
+        deadline = await conn.fetchval("SELECT now() + interval '2 seconds'")
+        ids = [
+            row["id"]
+            for row in await conn.fetch(
+                "INSERT INTO reservations (id, hold_until) "
+                "SELECT gen_random_uuid(), $1 FROM generate_series(1, 400) RETURNING id",
+                deadline,
+            )
+        ]
     bodies, mids = await _commands_for(stack, ids)
-    consume_sql = (
-        "UPDATE reservations SET status = 'consumed', updated_at = now() "
-        "WHERE id = $1 AND status = 'held'"
+    order = {str(rid): i for i, rid in enumerate(ids)}
+    pairs = sorted(
+        zip(bodies, mids, strict=True), key=lambda p: -order[json.loads(p[0])["reservation_id"]]
     )
+    consume_sql = "UPDATE reservations SET status = 'consumed' WHERE id = $1 AND status = 'held'"
+
+    async def at(offset: float) -> None:
+        await asyncio.sleep(max(0.0, deadline.timestamp() + offset - time.time()))
 
     async def support_side() -> None:
         async with pg_connection(stack.database_url) as conn:
-            await conn.execute("SELECT pg_sleep(0.95)")
+            await at(0.0)
             for rid in ids:
                 await conn.execute(consume_sql, rid)
 
-    async with running_consumer(stack.settings.model_copy(update={"prefetch": 100})) as task:
+    async def commands(offset: float) -> None:
+        await at(offset)
+        await publish_raw(stack.amqp_url, [p[0] for p in pairs], message_ids=[p[1] for p in pairs])
+
+    async with running_consumer(stack.settings.model_copy(update={"prefetch": 200})) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await asyncio.sleep(0.9)
-        # Commands keep arriving around the deadline; those too early are not-eligible
-        # (and would be republished by a later scan in real life).
-        await asyncio.gather(
-            support_side(),
-            *(publish_raw(stack.amqp_url, bodies, message_ids=mids) for _ in range(3)),
-        )
+        assert time.time() < deadline.timestamp() - 0.3, "setup took longer than the deadline"
+        await asyncio.gather(support_side(), commands(-0.05), commands(1.0))
         await eventually(lambda: _queue_empty(stack, "expirations"))
     async with pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(
@@ -166,8 +187,8 @@ async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack)
         )
     by_state = Counter((row["status"], row["n"]) for row in rows)
     print("terminal states at the deadline:", dict(by_state))
-    assert set(by_state) <= {("expired", 1), ("consumed", 0), ("held", 0)}, by_state
-    assert sum(by_state.values()) == 300
+    assert set(by_state) <= {("expired", 1), ("consumed", 0)}, by_state
+    assert sum(by_state.values()) == 400
 
 
 async def test_consumer_waits_for_a_support_side_lock_and_respects_its_outcome(
@@ -199,7 +220,8 @@ POISON = [
     b"[]",
     b'{"reservation_id": "nope", "hold_until": "2026-01-01T00:00:00Z"}',
     b'{"reservation_id": "6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f"}',
-    b'{"reservation_id": "6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f", "hold_until": "2026-01-01T00:00:00Z"}',
+    b'{"reservation_id": "6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f", '
+    b'"hold_until": "2026-01-01T00:00:00Z"}',
     b"{" * 10_000,
 ]
 EXPECTED_CLASSES = [

@@ -1,0 +1,175 @@
+"""Faults during consumption: the database or the broker gone mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from service import produce
+from service.domain import command_body
+from tests.proxy import tcp_proxy
+from tests.support import (
+    Stack,
+    drain_queue,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.msg == event]
+
+
+async def _all_expired(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+async def test_database_gone_mid_stream_retries_then_succeeds(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL unreachable: commands go round the delay tiers, then all expire; none dead."""
+    caplog.set_level(logging.INFO)
+    await insert_holds(stack.database_url, 200)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(
+            update={"database_url": proxy.url(stack.database_url), "max_attempts": 20}
+        )
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await produce.scan(stack.settings)
+            await eventually(lambda: _has_events(caplog, "expiry.retry", 200))
+            await asyncio.sleep(2)
+            proxy.restore()
+            await eventually(lambda: _all_expired(stack, 200), timeout=60)
+    retried = _events(caplog, "expiry.retry")
+    assert {r.error_class for r in retried} <= {"db.unavailable", "db.timeout"}  # type: ignore[attr-defined]
+    assert max(r.attempt for r in retried) >= 2  # type: ignore[attr-defined]
+    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert not _events(caplog, "expiry.dead_letter")
+
+
+async def _has_events(caplog: pytest.LogCaptureFixture, event: str, count: int) -> bool:
+    return len(_events(caplog, event)) >= count
+
+
+async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: Stack) -> None:
+    """When the attempt budget is spent, the command is dead-lettered with its history."""
+    ids = await insert_holds(stack.database_url, 3)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(
+            update={
+                "database_url": proxy.url(stack.database_url),
+                "max_attempts": 3,
+                "retry_delays": (1,),
+            }
+        )
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await produce.scan(stack.settings)
+            await eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
+    dead = await drain_queue(stack.amqp_url, "expirations.dead")
+    assert {m.message_id for m in dead} == {f"expire:{rid}:" for rid in ids} or {
+        m.message_id.split(":")[1] for m in dead if m.message_id
+    } == {str(r) for r in ids}
+    for message in dead:
+        headers = message.headers
+        assert headers["x-expiry-give-up"] == "attempts-exhausted"
+        assert headers["x-expiry-attempt"] == 3
+        assert headers["x-expiry-error-class"] == "db.unavailable"
+        assert headers["x-expiry-worker"] == settings.worker_id
+        assert int(headers["x-expiry-first-seen"]) <= int(headers["x-expiry-last-seen"])  # type: ignore[call-overload]
+        assert "x-death" not in headers or headers["x-death"]  # our copy, not a TTL cycle
+    assert await statuses(stack.database_url) == {"held": 3}
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
+
+
+async def test_refused_retry_publish_keeps_the_original(stack: Stack) -> None:
+    """The retry tier refuses publishes while the database fails: nothing acked, nothing lost."""
+    await stack.management.set_policy(
+        stack.vhost,
+        "refuse-retries",
+        {
+            "pattern": r"^expirations\.retry\.",
+            "apply-to": "queues",
+            "definition": {"max-length": 0, "overflow": "reject-publish"},
+        },
+    )
+    await insert_holds(stack.database_url, 5)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await produce.scan(stack.settings)
+            await asyncio.sleep(3)
+        # The consumer has stopped: every command must be back in a queue, none dead.
+        await eventually(lambda: _ready_total_is(stack, 5))
+        assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+        proxy.restore()
+        async with running_consumer(settings):
+            await eventually(lambda: _all_expired(stack, 5), timeout=60)
+    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+
+
+async def _closed_some(stack: Stack) -> bool:
+    return await stack.management.close_connections(stack.vhost) > 0
+
+
+async def _ready_total_is(stack: Stack, total: int) -> bool:
+    work = await queue_depth(stack.amqp_url, "expirations")
+    retry = await queue_depth(stack.amqp_url, "expirations.retry.1s")
+    return work + retry == total
+
+
+async def test_broker_connection_lost_mid_update(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker drops the connection while an update waits on a row lock.
+
+    The in-flight delivery is abandoned (never acked on the new channel), the
+    consumer comes back by itself, the redelivery expires the hold: one transition.
+    """
+    caplog.set_level(logging.INFO)
+    [rid] = await insert_holds(stack.database_url, 1)
+    settings = stack.settings.model_copy(
+        update={"lock_timeout_ms": 30000, "statement_timeout_ms": 30000}
+    )
+    async with pg_connection(stack.database_url) as support, running_consumer(settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        tx = support.transaction()
+        await tx.start()
+        hold_until = await support.fetchval(
+            "SELECT hold_until FROM reservations WHERE id = $1 FOR UPDATE", rid
+        )
+        # (A scan would skip the locked row, so the command is published directly.)
+        await publish_raw(stack.amqp_url, [command_body(rid, hold_until)])
+        await asyncio.sleep(0.5)  # the guarded update now waits on the row lock
+        # The management API lists connections a few seconds late: retry until one closes.
+        await eventually(lambda: _closed_some(stack), timeout=30, every=0.5)
+        await asyncio.sleep(0.5)
+        await wait_for_consumers(stack.amqp_url, 1, task)  # the consumer is back
+        await tx.commit()
+        await eventually(lambda: _all_expired(stack, 1))
+        await eventually(lambda: _depth_is(stack, "expirations", 0))
+        assert not task.done()
+    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    outcomes = [r.outcome for r in _events(caplog, "expiry.outcome")]  # type: ignore[attr-defined]
+    assert outcomes.count("expired") == 1

@@ -1,0 +1,69 @@
+"""Unit tests for the pure parts of service.consume: headers and settling."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from aiormq.exceptions import ChannelInvalidStateError
+
+from service.consume import Attempt, read_attempt, settle, short_reason
+from service.errors import PoisonMessage
+
+
+class FakeMessage:
+    """Just the attributes read_attempt looks at."""
+
+    def __init__(self, headers: dict[str, Any] | None, message_id: str | None = "m") -> None:
+        self.headers = headers
+        self.message_id = message_id
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        (None, (1, 5000)),
+        ({}, (1, 5000)),
+        ({"x-expiry-attempt": 3, "x-expiry-first-seen": 1000}, (3, 1000)),
+        ({"x-expiry-attempt": b"4"}, (4, 5000)),
+        ({"x-expiry-attempt": "junk", "x-expiry-first-seen": "junk"}, (1, 5000)),
+        ({"x-expiry-attempt": -7}, (1, 5000)),
+        ({"x-expiry-first-seen": 9999999}, (1, 5000)),  # from the future: clamp to now
+    ],
+)
+def test_read_attempt_trusts_nothing(
+    headers: dict[str, Any] | None, expected: tuple[int, int]
+) -> None:
+    """Missing or garbage headers fall back to attempt 1, first seen now."""
+    attempt = read_attempt(FakeMessage(headers), now_ms=5000)  # type: ignore[arg-type]
+    assert (attempt.number, attempt.first_seen_ms) == expected
+
+
+def test_short_reason_keeps_our_words_and_only_the_type_of_others() -> None:
+    """Library error texts may quote data; only their type (and sqlstate) is kept."""
+    assert short_reason(PoisonMessage("poison.schema", "hold_until: bad")) == "hold_until: bad"
+    assert short_reason(ValueError("customer said: call me at 555")) == "ValueError"
+
+
+async def test_settle_never_acks_on_a_replaced_channel(caplog: pytest.LogCaptureFixture) -> None:
+    """An ack whose channel is gone is skipped and logged; the broker redelivers."""
+    caplog.set_level(logging.INFO)
+
+    async def ack_on_closed_channel() -> None:
+        raise ChannelInvalidStateError("closed")
+
+    acked = await settle(ack_on_closed_channel, Attempt(1, 0, "m-1"))
+    assert acked is False
+    assert [r.msg for r in caplog.records] == ["expiry.stale_delivery"]
+
+
+async def test_settle_reports_success() -> None:
+    """A normal ack returns True."""
+    calls: list[str] = []
+
+    async def ack() -> None:
+        calls.append("ack")
+
+    assert await settle(ack, Attempt(1, 0, "m-1")) is True
+    assert calls == ["ack"]
