@@ -43,9 +43,16 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
                 timeout=settings.publish_timeout_seconds,
             )
         except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
-            log.warning("broker.unreachable", extra={"url": redact(url), "error": repr(exc)})
+            log.warning("broker.unreachable", extra={"url": redact(url), "error": _describe(exc)})
             last = exc
-    raise ConnectionError(f"no RabbitMQ node of AMQP_URL is reachable: {last!r}") from last
+    nodes = ", ".join(redact(url) for url in settings.amqp_url)
+    raise ConnectionError(f"cannot reach RabbitMQ at {nodes}: {_describe(last)}") from last
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no node given"
+    return str(exc).strip() or type(exc).__name__
 
 
 async def open_confirm_channel(connection: AbstractRobustConnection) -> AbstractChannel:

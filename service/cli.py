@@ -1,7 +1,7 @@
 """The shared ``main()``: arguments, settings, ``asyncio.run`` and the exit code.
 
-Only this module catches broadly: a failure becomes plain lines on stderr and
-a non-zero exit; a traceback only with ``--verbose``.
+Only this module catches broadly: a failure becomes one line on stderr and a
+non-zero exit; the cause chain and the traceback only with ``--verbose``.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     except Exception as exc:
         chain = cause_chain(exc)
         print(f"{parser.prog}: failed: {chain[0]}", file=sys.stderr)
-        for line in chain[1:]:
-            print(f"  caused by {line}", file=sys.stderr)
         if args.verbose:
+            for line in chain[1:]:
+                print(f"  caused by {line}", file=sys.stderr)
             traceback.print_exc()
         code = EXIT_FAILURE
     sys.exit(code)

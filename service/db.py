@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from service.domain import Outcome, outcome_of
-from service.settings import Settings
+from service.settings import Settings, redact_url
 
 if TYPE_CHECKING:  # the stubs make these generic; the runtime classes are not
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
@@ -27,33 +27,45 @@ EPOCH_START = datetime(1, 1, 1, tzinfo=UTC)
 NIL_UUID = UUID(int=0)
 
 
-async def create_pool(settings: Settings, *, application_name: str, size: int) -> Pool:
-    """Open a pool whose sessions carry the lock and statement timeouts."""
-    return await asyncpg.create_pool(
-        settings.database_url,
-        min_size=1,
-        max_size=size,
-        timeout=settings.db_connect_timeout_seconds,
-        command_timeout=settings.statement_timeout_ms / 1000 + 5,
-        server_settings={
+def _connect_options(settings: Settings, application_name: str) -> dict[str, Any]:
+    return {
+        "timeout": settings.db_connect_timeout_seconds,
+        "command_timeout": settings.statement_timeout_ms / 1000 + 5,
+        "server_settings": {
             "application_name": application_name,
             "lock_timeout": str(settings.lock_timeout_ms),
             "statement_timeout": str(settings.statement_timeout_ms),
         },
-    )
+    }
+
+
+async def create_pool(settings: Settings, *, application_name: str, size: int) -> Pool:
+    """Open a pool whose sessions carry the lock and statement timeouts."""
+    try:
+        return await asyncpg.create_pool(
+            settings.database_url,
+            min_size=1,
+            max_size=size,
+            **_connect_options(settings, application_name),
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _unreachable(settings, exc) from exc
 
 
 async def connect(settings: Settings, *, application_name: str) -> PlainConnection:
     """Open one connection (for the scan and the migrations)."""
-    return await asyncpg.connect(
-        settings.database_url,
-        timeout=settings.db_connect_timeout_seconds,
-        command_timeout=settings.statement_timeout_ms / 1000 + 5,
-        server_settings={
-            "application_name": application_name,
-            "lock_timeout": str(settings.lock_timeout_ms),
-            "statement_timeout": str(settings.statement_timeout_ms),
-        },
+    try:
+        return await asyncpg.connect(
+            settings.database_url, **_connect_options(settings, application_name)
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _unreachable(settings, exc) from exc
+
+
+def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
+    reason = str(exc).strip() or type(exc).__name__
+    return ConnectionError(
+        f"cannot reach PostgreSQL at {redact_url(settings.database_url)}: {reason}"
     )
 
 

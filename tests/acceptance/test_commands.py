@@ -1,0 +1,226 @@
+"""The commands as a user runs them: ``python -m service.*`` subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from service.domain import command_body
+from tests.support import (
+    Stack,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+COMMANDS = ["service.migrate", "service.produce", "service.consume"]
+
+
+def run(
+    module: str, *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module`` to completion from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def start(module: str, *args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start ``python -m module`` in the background, its output going to a file."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop(); a pipe would fill up)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, env=env, cwd=REPO, stdout=log, stderr=log
+    )
+    _LOGS[process.pid] = log
+    return process
+
+
+_LOGS: dict[int, IO[bytes]] = {}
+
+
+async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> tuple[int, str]:
+    """Signal a process, wait for it; return its exit code and what it wrote."""
+    if process.returncode is None:
+        process.send_signal(sig)
+    async with asyncio.timeout(60):
+        code = await process.wait()
+    log = _LOGS.pop(process.pid)
+    log.seek(0)
+    output = log.read().decode()
+    log.close()
+    return code, output
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_every_command_has_help(module: str) -> None:
+    """--help works without any service running."""
+    result = run(module, "--help", env=_base_env())
+    assert result.returncode == 0
+    assert "usage: python -m" in result.stdout
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("EXPIRY_PREFETCH", "-1"),
+        ("DATABASE_URL", "postgresql://u:hunter2@host:port/db"),
+        ("AMQP_URL", "http://u:hunter2@rabbit/"),
+    ],
+)
+def test_bad_configuration_is_one_line_naming_the_setting(
+    module: str, name: str, value: str
+) -> None:
+    """Bad configuration: exit 2, one line that names the setting, no traceback, no password."""
+    args = ["--scan"] if module == "service.produce" else []
+    result = run(module, *args, env={**_base_env(), name: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"configuration error: {name}:" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
+
+
+async def test_migrate_from_two_processes_at_once(stack: Stack) -> None:
+    """Two concurrent migrations both succeed and leave each version recorded once."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "DROP TABLE reservation_transitions, publish_leases, reservations, schema_migrations"
+        )
+    env = stack.env()
+    first, second = await asyncio.gather(
+        asyncio.to_thread(run, "service.migrate", env=env),
+        asyncio.to_thread(run, "service.migrate", env=env),
+    )
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    async with pg_connection(stack.database_url) as conn:
+        versions = await conn.fetch("SELECT version FROM schema_migrations")
+    assert [v["version"] for v in versions] == ["0001_reservations"]
+
+
+async def test_scan_and_two_consumers_end_to_end(stack: Stack) -> None:
+    """Scan plus two consumer processes: every due hold expires once; SIGTERM exits 0."""
+    due = await insert_holds(stack.database_url, 2000)
+    await insert_holds(stack.database_url, 100, due_in=3600)
+    env = stack.env()
+    consumers = [await start("service.consume", env=env) for _ in range(2)]
+    await wait_for_consumers(stack.amqp_url, 2)
+    scan = run("service.produce", "--scan", env=env)
+    assert scan.returncode == 0, scan.stderr
+    assert "published 2000 command(s)" in scan.stdout
+    await eventually(lambda: _expired(stack, len(due)), timeout=120)
+    for process in consumers:
+        code, err = await stop(process)
+        assert code == 0, err
+        assert "Traceback" not in err
+    transitions = await transitions_per_reservation(stack.database_url)
+    assert set(transitions) == set(due)
+    assert set(transitions.values()) == {1}
+    assert (await statuses(stack.database_url))["held"] == 100
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def _expired(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+async def test_consumer_killed_after_commit_before_ack(stack: Stack) -> None:
+    """A crash between commit and ack: redelivery finds it already done; one transition."""
+    [rid] = await insert_holds(stack.database_url, 1)
+    crashing = await start("service.consume", env=stack.env(EXPIRY_FAILPOINT="exit-after-commit"))
+    await wait_for_consumers(stack.amqp_url, 1)
+    assert run("service.produce", "--scan", env=stack.env()).returncode == 0
+    code, _ = await stop(crashing, signal.SIGCONT)  # exits by itself at the failpoint
+    assert code == 137
+    assert await statuses(stack.database_url) == {"expired": 1}  # committed...
+    assert await queue_depth(stack.amqp_url, "expirations") == 1  # ...but never acked
+
+    survivor = await start("service.consume", env=stack.env())
+    await eventually(lambda: _depth_is(stack, 0))
+    code, err = await stop(survivor)
+    assert code == 0, err
+    outcomes = [json.loads(line) for line in err.splitlines() if '"expiry.outcome"' in line]
+    assert [(o["outcome"], o["redelivered"]) for o in outcomes] == [("already-done", True)]
+    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+
+
+async def _depth_is(stack: Stack, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, "expirations") == depth
+
+
+async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(stack: Stack) -> None:
+    """SIGTERM while every prefetched delivery is mid-update: all finish, exit 0, none dead."""
+    ids = await insert_holds(stack.database_url, 20)
+    env = stack.env(EXPIRY_PREFETCH="20", EXPIRY_LOCK_TIMEOUT_MS="30000")
+    consumer = await start("service.consume", env=env)
+    await wait_for_consumers(stack.amqp_url, 1)
+    async with pg_connection(stack.database_url) as support:
+        tx = support.transaction()
+        await tx.start()
+        rows = await support.fetch(
+            "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[]) FOR UPDATE", ids
+        )
+        await publish_raw(stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows])
+        await asyncio.sleep(1.0)  # all 20 deliveries are now waiting on row locks
+        consumer.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert consumer.returncode is None  # still finishing what it holds
+        await tx.commit()
+    code, err = await stop(consumer)
+    assert code == 0, err
+    assert await statuses(stack.database_url) == {"expired": 20}
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def test_scan_with_the_broker_down_exits_non_zero_and_records_nothing(stack: Stack) -> None:
+    """No broker: exit 1 with a one-line reason (password redacted); no lease recorded."""
+    await insert_holds(stack.database_url, 5)
+    env = stack.env(AMQP_URL="amqp://guest:s3cret@127.0.0.1:1/")
+    result = run("service.produce", "--scan", env=env)
+    assert result.returncode == 1
+    reason = result.stderr.strip().splitlines()[-1]
+    assert reason.startswith("python -m service.produce: failed: ConnectionError: cannot reach")
+    assert "RabbitMQ at amqp://guest:***@127.0.0.1:1/" in reason
+    assert "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr
+    async with pg_connection(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
+
+
+async def test_scan_with_the_database_down_exits_non_zero(stack: Stack) -> None:
+    """No database: exit 1 with a one-line reason, and nothing published."""
+    env = stack.env(DATABASE_URL="postgresql://postgres:s3cret@127.0.0.1:1/nowhere")
+    result = run("service.produce", "--scan", env=env)
+    assert result.returncode == 1
+    assert "cannot reach PostgreSQL at" in result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
