@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
@@ -76,9 +77,11 @@ def message_id(reservation_id: UUID, hold_until: datetime) -> str:
 
 
 def command_body(reservation_id: UUID, hold_until: datetime) -> bytes:
-    """The JSON body of a command, as the contract spells it."""
-    command = ExpireCommand(reservation_id=reservation_id, hold_until=hold_until)
-    return command.model_dump_json().encode()
+    """The JSON body of a command, as the contract spells it (a numeric UTC offset)."""
+    if hold_until.tzinfo is None:
+        raise ValueError("hold_until must be timezone-aware")
+    body = {"reservation_id": str(reservation_id), "hold_until": hold_until.isoformat()}
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def outcome_of(*, won: bool, status: str | None, due: bool) -> Outcome:

@@ -91,7 +91,10 @@ def test_command_body_round_trips() -> None:
     deadline = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
     command = parse_command(command_body(RID, deadline))
     assert (command.reservation_id, command.hold_until) == (RID, deadline)
-    assert json.loads(command_body(RID, deadline))["hold_until"].endswith("Z")
+    assert json.loads(command_body(RID, deadline)) == {
+        "reservation_id": str(RID),
+        "hold_until": "2026-11-30T09:00:00+00:00",
+    }
 
 
 @pytest.mark.parametrize(

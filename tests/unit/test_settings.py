@@ -10,6 +10,13 @@ from service.errors import ConfigError
 from service.settings import load_settings, redact_url
 
 
+@pytest.fixture(autouse=True)
+def _no_service_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI's DATABASE_URL and AMQP_URL must not change what defaults look like."""
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("AMQP_URL", raising=False)
+
+
 def test_defaults_follow_the_contract() -> None:
     """With nothing set, the contract's local services are used."""
     settings = load_settings()
