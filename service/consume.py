@@ -44,7 +44,7 @@ from service.topology import (
     retry_routing_key,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.consume")
 
 ATTEMPT_HEADER = "x-expiry-attempt"
 FIRST_SEEN_HEADER = "x-expiry-first-seen"

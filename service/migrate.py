@@ -16,7 +16,7 @@ from service import db
 from service.cli import run_command
 from service.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.migrate")
 
 # An arbitrary constant shared by every migrate process: hashtext('service.migrate').
 MIGRATION_LOCK_KEY = 0x6D696772

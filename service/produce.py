@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ from service.errors import PublishNotConfirmed
 from service.settings import Settings
 from service.topology import EXCHANGE, ROUTING_KEY, build_topology, declare_topology
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.produce")
 
 APP_ID = "expiry-service"
 
@@ -128,10 +130,7 @@ async def publish_batch(
     return confirmed
 
 
-async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    if not args.scan:
-        print("nothing to do: pass --scan", flush=True)
-        return 2
+async def _scan_and_report(settings: Settings) -> None:
     started = time.monotonic()
     result = await scan(settings)
     elapsed = time.monotonic() - started
@@ -140,7 +139,40 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         f"all confirmed, {elapsed:.2f}s",
         flush=True,
     )
+
+
+async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -> None:
+    """Scan, then wait ``interval`` seconds, until ``stop``; a failed scan is logged, not fatal."""
+    while not stop.is_set():
+        try:
+            await _scan_and_report(settings)
+        except Exception:
+            log.exception("scan.failed")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await stop.wait()
+
+
+async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    if args.every is not None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await scan_every(settings, args.every, stop)
+        return 0
+    await _scan_and_report(settings)
     return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
 
 
 def main() -> None:
@@ -152,7 +184,14 @@ def main() -> None:
             "reservation that has no live publish lease. Exit 0 only if all were confirmed."
         ),
     )
-    parser.add_argument("--scan", action="store_true", help="run one scan and exit")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--scan", action="store_true", help="run one scan and exit")
+    mode.add_argument(
+        "--every",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="scan every SECONDS until SIGTERM or SIGINT (a failed scan is logged, then retried)",
+    )
     run_command(parser, _main)
 
 

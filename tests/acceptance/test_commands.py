@@ -224,3 +224,20 @@ async def test_scan_with_the_database_down_exits_non_zero(stack: Stack) -> None:
     assert "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
     assert await queue_depth(stack.amqp_url, "expirations") == 0
+
+
+async def test_scan_on_a_timer_picks_up_new_holds_and_stops_on_sigterm(stack: Stack) -> None:
+    """--every keeps scanning: holds inserted later are published; SIGTERM exits 0."""
+    scanner = await start("service.produce", "--every", "0.5", env=stack.env())
+    await insert_holds(stack.database_url, 10)
+    await eventually(lambda: _leases_are(stack, 10))
+    await insert_holds(stack.database_url, 5)
+    await eventually(lambda: _leases_are(stack, 15))
+    code, output = await stop(scanner)
+    assert code == 0, output
+    assert await queue_depth(stack.amqp_url, "expirations") == 15
+
+
+async def _leases_are(stack: Stack, count: int) -> bool:
+    async with pg_connection(stack.database_url) as conn:
+        return bool(await conn.fetchval("SELECT count(*) FROM publish_leases") == count)
