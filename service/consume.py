@@ -57,9 +57,12 @@ LAST_SEEN_HEADER = "x-expiry-last-seen"
 # Pause before returning a delivery whose retry or dead-letter copy could not
 # be published, so that a broker refusing publishes is not hammered.
 REQUEUE_PAUSE_SECONDS = 1.0
-# Test-only failpoint (EXPIRY_FAILPOINT): exit the process right after the
-# first commit, before its ack, as a crash there would.
+# Test-only failpoints (EXPIRY_FAILPOINT): "exit-after-commit" exits the process
+# right after the first commit, before its ack, as a crash there would;
+# "exit-on:<reservation uuid>" exits whenever that reservation's command is
+# handled, like a message that kills every consumer that takes it.
 FAILPOINT_EXIT_AFTER_COMMIT = "exit-after-commit"
+FAILPOINT_EXIT_ON = "exit-on:"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class Consumer:
         try:
             command = parse_command(message.body)
             reservation_id = str(command.reservation_id)
+            self._failpoint(FAILPOINT_EXIT_ON + reservation_id)
             async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
                 outcome = await db.expire_reservation(
                     conn,
@@ -155,7 +159,7 @@ class Consumer:
         except Exception as exc:
             await self.on_failure(message, attempt, reservation_id, exc, started)
             return
-        self._failpoint_after_commit()
+        self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = await settle(message.ack, attempt)
         _log_outcome(message, attempt, reservation_id, outcome, started, acked=acked)
 
@@ -229,8 +233,8 @@ class Consumer:
             exchange, copy, routing_key, timeout=self.settings.publish_timeout_seconds
         )
 
-    def _failpoint_after_commit(self) -> None:
-        if self.settings.failpoint == FAILPOINT_EXIT_AFTER_COMMIT:
+    def _failpoint(self, name: str) -> None:
+        if self.settings.failpoint and self.settings.failpoint.lower() == name:
             log.warning("expiry.failpoint", extra={"failpoint": self.settings.failpoint})
             logging.shutdown()
             os._exit(137)

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     # Test-only: makes a crash happen at a chosen point (see consume.py).
-    failpoint: Literal["", "exit-after-commit"] = ""
+    failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
     @field_validator("database_url")
     @classmethod
