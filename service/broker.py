@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aio_pika
 import aiormq.exceptions
@@ -82,6 +84,55 @@ async def publish_confirmed(
         raise PublishNotConfirmed(
             f"channel lost before the confirm ({type(exc).__name__})"
         ) from exc
+
+
+async def settle(action: Callable[[], Awaitable[None]], message_id: str) -> bool:
+    """Ack or nack a delivery; never on a channel that was replaced after a reconnect.
+
+    Returns whether the broker was told; a False leaves the delivery to be
+    redelivered (every handler is safe to repeat).
+    """
+    try:
+        await action()
+    except aiormq.exceptions.ChannelInvalidStateError:
+        # The delivery belongs to a channel that is gone: its tag is void, and
+        # the broker redelivers the message (the guarded update makes that safe).
+        log.warning("expiry.stale_delivery", extra={"message_id": message_id})
+        return False
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        log.warning(
+            "expiry.settle_failed", extra={"message_id": message_id, "error": type(exc).__name__}
+        )
+        return False
+    return True
+
+
+class InFlight:
+    """The tasks of deliveries being handled, so that shutdown can wait for them."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def track(self) -> None:
+        """Register the current task until it finishes."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def drain(self, timeout: float) -> int:
+        """Wait for them; past ``timeout`` cancel the rest (unacked, so redelivered).
+
+        Returns how many were abandoned.
+        """
+        if not self.tasks:
+            return 0
+        _done, pending = await asyncio.wait(set(self.tasks), timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        return len(pending)
 
 
 def _cancelling() -> bool:

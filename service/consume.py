@@ -32,10 +32,22 @@ from service import broker, db
 from service.cli import run_command
 from service.domain import Outcome, parse_command
 from service.errors import PublishNotConfirmed, ServiceError, classify
+from service.recorder import RECORDER_PREFETCH, Recorder
+from service.records import (
+    ATTEMPT_HEADER,
+    ERROR_CLASS_HEADER,
+    FIRST_SEEN_HEADER,
+    GIVE_UP_HEADER,
+    LAST_SEEN_HEADER,
+    REASON_HEADER,
+    WORKER_HEADER,
+    header_int,
+)
 from service.retry import DeadLetter, Retry, RetryPolicy, decide
 from service.settings import Settings
 from service.topology import (
     DEAD_EXCHANGE,
+    DEAD_LOG_QUEUE,
     DEAD_ROUTING_KEY,
     QUEUE,
     RETRY_EXCHANGE,
@@ -45,14 +57,6 @@ from service.topology import (
 )
 
 log = logging.getLogger("service.consume")
-
-ATTEMPT_HEADER = "x-expiry-attempt"
-FIRST_SEEN_HEADER = "x-expiry-first-seen"
-ERROR_CLASS_HEADER = "x-expiry-error-class"
-REASON_HEADER = "x-expiry-reason"
-GIVE_UP_HEADER = "x-expiry-give-up"
-WORKER_HEADER = "x-expiry-worker"
-LAST_SEEN_HEADER = "x-expiry-last-seen"
 
 # Pause before returning a delivery whose retry or dead-letter copy could not
 # be published, so that a broker refusing publishes is not hammered.
@@ -78,20 +82,10 @@ def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
     """Read the attempt number and first-seen time from our headers (defaults: 1, now)."""
     headers = message.headers or {}
     return Attempt(
-        number=max(1, _header_int(headers, ATTEMPT_HEADER, 1)),
-        first_seen_ms=min(now_ms, _header_int(headers, FIRST_SEEN_HEADER, now_ms)),
+        number=max(1, header_int(headers, ATTEMPT_HEADER, 1)),
+        first_seen_ms=min(now_ms, header_int(headers, FIRST_SEEN_HEADER, now_ms)),
         message_id=message.message_id or "-",
     )
-
-
-def _header_int(headers: dict[str, Any], name: str, default: int) -> int:
-    value = headers.get(name)
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    try:
-        return int(value) if value is not None else default
-    except (TypeError, ValueError):
-        return default
 
 
 def short_reason(exc: BaseException) -> str:
@@ -116,6 +110,7 @@ class Consumer:
         pool: db.Pool,
         retry_exchange: AbstractExchange,
         dead_exchange: AbstractExchange,
+        in_flight: broker.InFlight,
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -124,17 +119,14 @@ class Consumer:
         self.policy = RetryPolicy(
             settings.retry_delays, settings.max_attempts, settings.max_age_seconds
         )
-        self.in_flight: set[asyncio.Task[None]] = set()
+        self.in_flight = in_flight
         self._acquire_timeout = (
             settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000
         )
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """The broker's callback: track the task so that shutdown can wait for it."""
-        task = asyncio.current_task()
-        if task is not None:
-            self.in_flight.add(task)
-            task.add_done_callback(self.in_flight.discard)
+        self.in_flight.track()
         await self.handle(message)
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
@@ -160,7 +152,7 @@ class Consumer:
             await self.on_failure(message, attempt, reservation_id, exc, started)
             return
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
-        acked = await settle(message.ack, attempt)
+        acked = await broker.settle(message.ack, attempt.message_id)
         _log_outcome(message, attempt, reservation_id, outcome, started, acked=acked)
 
     async def on_failure(
@@ -188,9 +180,9 @@ class Consumer:
         except PublishNotConfirmed as publish_exc:
             log.warning("expiry.copy_failed", extra={**facts, "copy_error": str(publish_exc)})
             await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
-            await settle(lambda: message.nack(requeue=True), attempt)
+            await broker.settle(lambda: message.nack(requeue=True), attempt.message_id)
             return
-        if await settle(message.ack, attempt):
+        if await broker.settle(message.ack, attempt.message_id):
             if isinstance(decision, Retry):
                 log.info("expiry.retry", extra={**facts, "delay_s": decision.delay_seconds})
             else:
@@ -240,24 +232,6 @@ class Consumer:
             os._exit(137)
 
 
-async def settle(action: Any, attempt: Attempt) -> bool:
-    """Ack or nack; never on a channel that was replaced after a reconnect."""
-    try:
-        await action()
-    except aiormq.exceptions.ChannelInvalidStateError:
-        # The delivery belongs to a channel that is gone: its tag is void, and
-        # the broker redelivers the message (the guarded update makes that safe).
-        log.warning("expiry.stale_delivery", extra={"message_id": attempt.message_id})
-        return False
-    except (aiormq.exceptions.AMQPError, OSError) as exc:
-        log.warning(
-            "expiry.settle_failed",
-            extra={"message_id": attempt.message_id, "error": type(exc).__name__},
-        )
-        return False
-    return True
-
-
 def _log_outcome(
     message: AbstractIncomingMessage,
     attempt: Attempt,
@@ -303,37 +277,37 @@ async def _consume(
     await consume_channel.set_qos(prefetch_count=settings.prefetch)
     declared = await declare_topology(consume_channel, build_topology(settings.retry_delays))
     publish_channel = await broker.open_confirm_channel(connection)
+    record_channel = await connection.channel(publisher_confirms=False)
+    await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
+    in_flight = broker.InFlight()
     consumer = Consumer(
         settings,
         pool,
         retry_exchange=await publish_channel.get_exchange(RETRY_EXCHANGE, ensure=False),
         dead_exchange=await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False),
+        in_flight=in_flight,
     )
-    queue = declared.queues[QUEUE]
-    tag = await queue.consume(consumer.on_message)
+    recorder = Recorder(pool, in_flight)
+    work = declared.queues[QUEUE]
+    dead_log = await record_channel.get_queue(DEAD_LOG_QUEUE, ensure=False)
+    consumers = [
+        (work, await work.consume(consumer.on_message)),
+        (dead_log, await dead_log.consume(recorder.on_message)),
+    ]
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     await stop.wait()
-    log.info("consumer.draining", extra={"in_flight": len(consumer.in_flight)})
-    try:
-        await queue.cancel(tag)
-    except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError):
-        log.warning("consumer.cancel_failed")
-    await _drain(consumer, settings.shutdown_timeout_seconds)
-    await publish_channel.close()
-    await consume_channel.close()
-
-
-async def _drain(consumer: Consumer, timeout: float) -> None:
-    """Wait for in-flight deliveries; past ``timeout`` cancel them (unacked: redelivered)."""
-    if not consumer.in_flight:
-        return
-    _done, pending = await asyncio.wait(set(consumer.in_flight), timeout=timeout)
-    for task in pending:
-        task.cancel()
-    if pending:
-        log.warning("consumer.drain_timeout", extra={"returned": len(pending)})
-        await asyncio.wait(pending)
+    log.info("consumer.draining", extra={"in_flight": len(in_flight.tasks)})
+    for queue, tag in consumers:
+        try:
+            await queue.cancel(tag)
+        except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError):
+            log.warning("consumer.cancel_failed", extra={"queue": queue.name})
+    abandoned = await in_flight.drain(settings.shutdown_timeout_seconds)
+    if abandoned:
+        log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
+    for channel in (publish_channel, record_channel, consume_channel):
+        await channel.close()
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@
                      ▲                          │ delivery limit
                      │ TTL expiry               ▼
     consume ──► [expirations.retry] ──Ns──► (expirations.retry.Ns)
-    consume ──► [expirations.dead]  ──dead──► (expirations.dead)
+    consume ──► [expirations.dead]  ──dead──► (expirations.dead)      kept for replay
+                                      └─dead──► (expirations.dead.log)  -> records
 
 Every queue is a quorum queue. A delay queue has a fixed TTL and dead-letters
 back to ``expirations`` when it runs out, so delays live in the broker, one
@@ -31,6 +32,10 @@ RETRY_EXCHANGE = "expirations.retry"
 DEAD_EXCHANGE = "expirations.dead"
 DEAD_QUEUE = "expirations.dead"
 DEAD_ROUTING_KEY = "dead"
+# A second copy of every dead letter, read by the consumers' recorder, which
+# writes the operator's dead-letter record; expirations.dead itself is left
+# alone for inspection and replay.
+DEAD_LOG_QUEUE = "expirations.dead.log"
 
 # The last guard against a message that kills every consumer that takes it:
 # after this many deliveries the broker dead-letters it to expirations.dead.
@@ -121,13 +126,19 @@ def build_topology(retry_delays: tuple[int, ...]) -> Topology:
         DEAD_ROUTING_KEY,
         _quorum(**{"x-delivery-limit": DEAD_DELIVERY_LIMIT}),
     )
+    dead_log = QueueSpec(
+        DEAD_LOG_QUEUE,
+        DEAD_EXCHANGE,
+        DEAD_ROUTING_KEY,
+        _quorum(**{"x-delivery-limit": DEAD_DELIVERY_LIMIT}),
+    )
     return Topology(
         exchanges=(
             ExchangeSpec(EXCHANGE),
             ExchangeSpec(RETRY_EXCHANGE),
             ExchangeSpec(DEAD_EXCHANGE),
         ),
-        queues=(work, *delays, dead),
+        queues=(work, *delays, dead, dead_log),
     )
 
 

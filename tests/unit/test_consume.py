@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 
-from service.consume import Attempt, read_attempt, settle, short_reason
+from service.broker import settle
+from service.consume import read_attempt, short_reason
 from service.errors import PoisonMessage
 
 
@@ -53,7 +54,7 @@ async def test_settle_never_acks_on_a_replaced_channel(caplog: pytest.LogCapture
     async def ack_on_closed_channel() -> None:
         raise ChannelInvalidStateError("closed")
 
-    acked = await settle(ack_on_closed_channel, Attempt(1, 0, "m-1"))
+    acked = await settle(ack_on_closed_channel, "m-1")
     assert acked is False
     assert [r.msg for r in caplog.records] == ["expiry.stale_delivery"]
 
@@ -65,5 +66,5 @@ async def test_settle_reports_success() -> None:
     async def ack() -> None:
         calls.append("ack")
 
-    assert await settle(ack, Attempt(1, 0, "m-1")) is True
+    assert await settle(ack, "m-1") is True
     assert calls == ["ack"]
