@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from service.errors import ConfigError
+from service.errors import ConfigError, UsageError
 from service.settings import Settings, load_settings
 from service.telemetry import redact, setup_logging
 
@@ -52,6 +52,9 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         code: int = asyncio.run(command(settings, args))
     except KeyboardInterrupt:
         code = 130
+    except UsageError as exc:
+        print(f"{parser.prog}: refused: {redact(str(exc))}", file=sys.stderr)
+        code = EXIT_CONFIG
     except Exception as exc:
         chain = cause_chain(exc)
         print(f"{parser.prog}: failed: {chain[0]}", file=sys.stderr)

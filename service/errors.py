@@ -19,6 +19,10 @@ class ConfigError(ServiceError):
     """A setting is invalid."""
 
 
+class UsageError(ServiceError):
+    """The command was asked for something it cannot do."""
+
+
 class TopologyMismatch(ServiceError):
     """The broker holds a queue or exchange declared with other arguments."""
 

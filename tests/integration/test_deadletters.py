@@ -1,0 +1,190 @@
+"""Dead letters as an operator sees them: records, list, show, audited replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from uuid import UUID
+
+import aio_pika
+import pytest
+
+from service import produce
+from tests.proxy import tcp_proxy
+from tests.support import (
+    Stack,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def deadletters(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m service.deadletters`` against the test's stack."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.deadletters", *args],
+        env=stack.env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def _records(stack: Stack) -> dict[str, dict[str, object]]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT * FROM dead_letters")
+    return {row["message_id"]: dict(row) for row in rows}
+
+
+async def _record_count_is(stack: Stack, count: int) -> bool:
+    return len(await _records(stack)) == count
+
+
+async def _dead_letter_one_exhausted_and_one_poison(stack: Stack) -> UUID:
+    """A hold whose retries run out while the database is away, and a poison body."""
+    [rid] = await insert_holds(stack.database_url, 1)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(
+            update={
+                "database_url": proxy.url(stack.database_url),
+                "max_attempts": 2,
+                "retry_delays": (1,),
+            }
+        )
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await produce.scan(stack.settings)
+            await publish_raw(
+                stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk-1"]
+            )
+            await eventually(lambda: _depth_is(stack, "expirations.dead", 2), timeout=30)
+            proxy.restore()  # the recorder can write the records now
+            await eventually(lambda: _record_count_is(stack, 2), timeout=60)
+    return rid
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
+
+
+async def test_dead_letters_are_recorded_listed_shown_and_replayed(stack: Stack) -> None:
+    """Poison and exhausted commands get records; a replay after the fix expires the hold once."""
+    rid = await _dead_letter_one_exhausted_and_one_poison(stack)
+    records = await _records(stack)
+    poison = records["junk-1"]
+    assert (poison["error_class"], poison["give_up"], poison["reservation_id"]) == (
+        "poison.not-json",
+        "permanent",
+        None,
+    )
+    assert "html" not in str(poison["body_excerpt"])  # letters are masked
+    [exhausted] = [r for r in records.values() if r["reservation_id"] == rid]
+    assert (exhausted["error_class"], exhausted["give_up"], exhausted["attempts"]) == (
+        "db.unavailable",
+        "attempts-exhausted",
+        2,
+    )
+
+    listing = deadletters(stack, "list")
+    assert listing.returncode == 0, listing.stderr
+    assert "poison.not-json" in listing.stdout
+    assert "db.unavailable" in listing.stdout
+    only_poison = json.loads(
+        deadletters(stack, "list", "--json", "--error-class", "poison.not-json").stdout
+    )
+    assert [r["message_id"] for r in only_poison] == ["junk-1"]
+
+    refused = deadletters(stack, "replay", str(exhausted["id"]))
+    assert refused.returncode == 2
+    assert "--operator" in refused.stderr
+
+    dry = deadletters(stack, "replay", str(exhausted["id"]), "--operator", "alice", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would-republish" in dry.stdout
+    assert "it will expire" in dry.stdout
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 2
+
+    async with running_consumer(stack.settings) as task:  # the cause is fixed: database back
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        replay = deadletters(stack, "replay", str(exhausted["id"]), "--operator", "alice")
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert "republished" in replay.stdout
+        await eventually(lambda: _expired(stack, 1))
+    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 1  # the poison stays
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
+        status = await conn.fetchval(
+            "SELECT status FROM dead_letters WHERE id = $1", exhausted["id"]
+        )
+    assert [(a["operator"], a["outcome"]) for a in audit] == [("alice", "republished")]
+    assert status == "replayed"
+
+    shown = deadletters(stack, "show", str(exhausted["id"]))
+    assert shown.returncode == 0
+    assert "held" in shown.stdout
+    assert "expired" in shown.stdout
+    assert "alice" in shown.stdout
+
+    again = deadletters(stack, "replay", str(exhausted["id"]), "--operator", "alice")
+    assert again.returncode == 2  # already replayed: refused, nothing republished
+    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+
+
+async def _expired(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+async def test_replaying_a_hold_consumed_meanwhile_is_harmless(stack: Stack) -> None:
+    """The support side consumed the hold after it was dead-lettered: the replay is a no-op."""
+    rid = await _dead_letter_one_exhausted_and_one_poison(stack)
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", rid)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        replay = deadletters(stack, "replay", "--all", "--operator", "bob")
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert "harmless no-op" in replay.stdout
+        await eventually(lambda: _depth_is(stack, "expirations", 0))
+        # The poison went round again and is dead once more: still one record, counted twice.
+        await eventually(lambda: _times_dead(stack, "junk-1", 2), timeout=30)
+    assert await statuses(stack.database_url) == {"consumed": 1}
+    assert await transitions_per_reservation(stack.database_url) == {}
+
+
+async def _times_dead(stack: Stack, message_id: str, times: int) -> bool:
+    record = (await _records(stack)).get(message_id)
+    return record is not None and record["times_dead"] == times and record["status"] == "dead"
+
+
+async def test_replay_rebuilds_a_command_missing_from_the_dead_queue(stack: Stack) -> None:
+    """If the dead queue lost the message (purged), the record still lets it be replayed."""
+    rid = await _dead_letter_one_exhausted_and_one_poison(stack)
+    connection = await aio_pika.connect(stack.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("expirations.dead", passive=True)
+        await queue.purge()
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        replay = deadletters(
+            stack, "replay", "--all", "--error-class", "db.unavailable", "--operator", "carol"
+        )
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert "rebuilt from the record" in replay.stdout
+        await eventually(lambda: _expired(stack, 1))
+    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
