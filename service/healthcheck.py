@@ -1,0 +1,108 @@
+"""``python -m service.healthcheck``: can this container's service reach what it needs?
+
+The container's ``HEALTHCHECK``: exit 0 only if a TCP connection opens, within
+the timeout, to the PostgreSQL host of ``DATABASE_URL`` and to at least one
+RabbitMQ node of ``AMQP_URL`` (the service uses the first reachable one).
+It needs no extra tooling in the image and opens no session: it tells an
+orchestrator that a process started with these settings could work now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from service.cli import run_command
+from service.settings import Settings
+
+DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "amqp": 5672, "amqps": 5671}
+DEFAULT_TIMEOUT_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ``host:port`` to open a TCP connection to."""
+
+    what: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.what} at {self.host}:{self.port}"
+
+
+def target(what: str, url: str) -> Target:
+    """The host and port named by a (validated) service URL."""
+    parts = urlsplit(url)
+    return Target(what, parts.hostname or "localhost", parts.port or DEFAULT_PORTS[parts.scheme])
+
+
+async def reach(where: Target, timeout: float) -> str | None:
+    """Open and close a TCP connection; return why it failed, or None."""
+    try:
+        async with asyncio.timeout(timeout):
+            _reader, writer = await asyncio.open_connection(where.host, where.port)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    writer.close()
+    await writer.wait_closed()
+    return None
+
+
+async def check(settings: Settings, timeout: float) -> list[str]:
+    """Problems found: empty when the database and a broker node are reachable."""
+    database = target("PostgreSQL", settings.database_url)
+    nodes = [target("RabbitMQ", url) for url in settings.amqp_url]
+    database_error, *node_errors = await asyncio.gather(
+        reach(database, timeout), *(reach(node, timeout) for node in nodes)
+    )
+    problems = [] if database_error is None else [f"cannot reach {database}: {database_error}"]
+    if all(error is not None for error in node_errors):
+        problems += [f"cannot reach {n}: {e}" for n, e in zip(nodes, node_errors, strict=True)]
+    return problems
+
+
+async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    problems = await check(settings, args.timeout)
+    if problems:
+        print(f"unhealthy: {'; '.join(problems)}", flush=True)
+        return 1
+    print("healthy: PostgreSQL and RabbitMQ are reachable", flush=True)
+    return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m service.healthcheck",
+        description=(
+            "Exit 0 only if a TCP connection opens to the PostgreSQL host of DATABASE_URL and "
+            "to a RabbitMQ node of AMQP_URL (the container's HEALTHCHECK)."
+        ),
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help=f"per connection (default {DEFAULT_TIMEOUT_SECONDS:g})",
+    )
+    run_command(parser, _main)
+
+
+if __name__ == "__main__":
+    main()
