@@ -12,6 +12,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from service.domain import Outcome, outcome_of
+from service.metrics import BACKLOG_BUCKETS, Backlog
 from service.records import DeadLetterRecord
 from service.settings import Settings, redact_url
 
@@ -71,6 +72,7 @@ def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
 
 
 DB_NOW = "SELECT now()"
+PING = "SELECT 1"
 
 # The guarded transition and its audit row, in one statement (so one
 # transaction): only a held reservation whose deadline has passed by the
@@ -80,13 +82,14 @@ WITH expired AS (
     UPDATE reservations
        SET status = 'expired', updated_at = now()
      WHERE id = $1 AND status = 'held' AND hold_until <= now()
- RETURNING id
+ RETURNING id, extract(epoch FROM now() - hold_until)::float8 AS lag
 ), audit AS (
     INSERT INTO reservation_transitions
            (reservation_id, from_status, to_status, message_id, attempt, worker)
     SELECT id, 'held', 'expired', $2, $3, $4 FROM expired
 )
-SELECT EXISTS (SELECT 1 FROM expired) AS won, r.status, r.hold_until <= now() AS due
+SELECT EXISTS (SELECT 1 FROM expired) AS won, (SELECT lag FROM expired) AS lag,
+       r.status, r.hold_until <= now() AS due
   FROM (SELECT 1) AS one
   LEFT JOIN reservations r ON r.id = $1
 """
@@ -129,15 +132,28 @@ class DueHold:
     hold_until: datetime
 
 
+async def ping(conn: Connection) -> None:
+    """A round trip: the connection works."""
+    await conn.fetchval(PING)
+
+
 async def db_now(conn: Connection) -> datetime:
     """The database's clock: the only clock that decides what is due."""
     value: datetime = await conn.fetchval(DB_NOW)
     return value
 
 
+@dataclass(frozen=True)
+class Expiry:
+    """What one guarded update did, and (if it expired the hold) the lag since its deadline."""
+
+    outcome: Outcome
+    lag_seconds: float | None
+
+
 async def expire_reservation(
     conn: Connection, reservation_id: UUID, *, message_id: str, attempt: int, worker: str
-) -> Outcome:
+) -> Expiry:
     """Run the guarded transition; return what happened (raises for unknown ids)."""
     row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
     assert row is not None  # the LEFT JOIN always yields one row
@@ -147,7 +163,7 @@ async def expire_reservation(
         # read it again, now that the update has waited for that writer.
         fresh = await reservation_state(conn, reservation_id)
         status, due = fresh if fresh else (None, False)
-    return outcome_of(won=won, status=status, due=due)
+    return Expiry(outcome_of(won=won, status=status, due=due), row["lag"])
 
 
 async def claim_due(
@@ -163,6 +179,26 @@ async def record_leases(
 ) -> None:
     """Record that these commands were confirmed by the broker."""
     await conn.execute(RECORD_LEASES, list(ids), list(message_ids), float(lease_seconds))
+
+
+# Due held reservations by deadline age (width_bucket over the bounds in $1).
+BACKLOG = """
+SELECT width_bucket(extract(epoch FROM now() - hold_until)::float8, $1::float8[]) AS bucket,
+       count(*) AS n, max(extract(epoch FROM now() - hold_until))::float8 AS oldest
+  FROM reservations
+ WHERE status = 'held' AND hold_until <= now()
+ GROUP BY 1
+"""
+
+
+async def backlog(conn: Connection) -> Backlog:
+    """The age of the oldest due held reservation and the due backlog by age."""
+    bounds = [upper for _, upper in BACKLOG_BUCKETS[:-1]]
+    result = Backlog()
+    for row in await conn.fetch(BACKLOG, bounds):
+        result.by_bucket[BACKLOG_BUCKETS[row["bucket"]][0]] = row["n"]
+        result.oldest_due_age_seconds = max(result.oldest_due_age_seconds, row["oldest"])
+    return result
 
 
 # -- dead letters ----------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aio_pika
 from aio_pika.abc import AbstractExchange, DeliveryMode
 
-from service import broker, db
+from service import broker, db, telemetry
 from service.cli import run_command
 from service.domain import command_body, message_id
 from service.errors import PublishNotConfirmed
@@ -154,15 +154,19 @@ async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    if args.every is not None:
+    tracing = telemetry.setup_tracing(settings, "produce")
+    try:
+        if args.every is None:
+            await _scan_and_report(settings)
+            return 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await scan_every(settings, args.every, stop)
         return 0
-    await _scan_and_report(settings)
-    return 0
+    finally:
+        telemetry.shutdown(tracing)
 
 
 def _positive_seconds(text: str) -> float:

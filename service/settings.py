@@ -66,8 +66,28 @@ class Settings(BaseSettings):
     heartbeat_seconds: PositiveInt = 10
     shutdown_timeout_seconds: PositiveFloat = 30.0
     worker_id: str = Field(default_factory=_default_worker_id, min_length=1, max_length=200)
+    http_port: int = Field(default=0, ge=0, le=65535)
+    http_host: str = "127.0.0.1"
+    oldest_due_objective_seconds: PositiveFloat = 120.0
+    scan_interval_seconds: PositiveFloat = 5.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+    # The standard OpenTelemetry variables that choose exporters (the SDK reads the rest).
+    otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
+        default=None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER")
+    )
+    otel_metrics_exporter: Literal["otlp", "console", "none", "prometheus"] | None = Field(
+        default=None, validation_alias=AliasChoices("OTEL_METRICS_EXPORTER")
+    )
+    otel_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        ),
+    )
+    otel_sdk_disabled: bool = Field(
+        default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
+    )
     # Test-only: makes a crash happen at a chosen point (see consume.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
@@ -133,7 +153,14 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
-_ENV_NAMES = {"database_url": "DATABASE_URL", "amqp_url": "AMQP_URL"}
+_ENV_NAMES = {
+    "database_url": "DATABASE_URL",
+    "amqp_url": "AMQP_URL",
+    "otel_traces_exporter": "OTEL_TRACES_EXPORTER",
+    "otel_metrics_exporter": "OTEL_METRICS_EXPORTER",
+    "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "otel_sdk_disabled": "OTEL_SDK_DISABLED",
+}
 
 
 def load_settings() -> Settings:

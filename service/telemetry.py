@@ -1,4 +1,10 @@
-"""Logging setup (and, later, tracing): the only place providers are configured."""
+"""Logging, tracing and metrics setup: the only place providers are configured.
+
+Exporters follow the standard OpenTelemetry variables: traces go to OTLP when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (or ``OTEL_TRACES_EXPORTER=otlp``), to
+stderr with ``OTEL_TRACES_EXPORTER=console``, nowhere by default; metrics are
+served for Prometheus on ``EXPIRY_HTTP_PORT`` and/or pushed by OTLP.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,24 @@ import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+from service.settings import Settings
 
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime", "taskName"}
@@ -64,3 +88,94 @@ def setup_logging(level: str, fmt: str) -> None:
     # Library chatter (reconnect attempts with tracebacks) stays at WARNING.
     for noisy in ("aio_pika", "aiormq"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+# -- tracing ---------------------------------------------------------------------
+
+SERVICE_NAME = "expiry-service"
+
+
+def _resource(role: str, worker_id: str) -> Resource:
+    # Resource.create also reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+    return Resource.create(
+        {"service.name": SERVICE_NAME, "service.instance.id": worker_id, "expiry.role": role}
+    )
+
+
+def traces_exporter_name(settings: Settings) -> str:
+    """``otlp`` when an endpoint is set, ``console`` on request, ``none`` by default."""
+    if settings.otel_sdk_disabled:
+        return "none"
+    if settings.otel_traces_exporter is not None:
+        return settings.otel_traces_exporter
+    return "otlp" if settings.otel_endpoint else "none"
+
+
+def setup_tracing(
+    settings: Settings, role: str, exporter: SpanExporter | None = None
+) -> TracerProvider | None:
+    """Install the tracer provider and the aio-pika and asyncpg instrumentation.
+
+    Nothing is installed when tracing is off, so it then costs nothing.
+    ``exporter`` (tests) overrides the one the OTEL_* variables choose.
+    """
+    name = traces_exporter_name(settings)
+    if exporter is None and name == "none":
+        return None
+    provider = TracerProvider(resource=_resource(role, settings.worker_id))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif name == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    instrument()
+    return provider
+
+
+def instrument() -> None:
+    """Trace aio-pika publishes and consumes (W3C context in headers) and asyncpg queries."""
+    from opentelemetry.instrumentation.aio_pika import AioPikaInstrumentor
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+    if not AioPikaInstrumentor().is_instrumented_by_opentelemetry:
+        AioPikaInstrumentor().instrument()
+    asyncpg_instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
+    if not asyncpg_instrumentor.is_instrumented_by_opentelemetry:
+        asyncpg_instrumentor.instrument()  # statements only, never their parameters
+
+
+# -- metrics ---------------------------------------------------------------------
+
+
+def setup_metrics(settings: Settings, role: str) -> MeterProvider | None:
+    """Install the meter provider: Prometheus (served by the HTTP endpoint) and/or OTLP."""
+    if settings.otel_sdk_disabled:
+        return None
+    readers: list[MetricReader] = []
+    wanted = settings.otel_metrics_exporter
+    if settings.http_port and wanted in (None, "prometheus"):
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())
+    if wanted == "otlp" or (wanted is None and settings.otel_endpoint):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    elif wanted == "console":
+        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(out=sys.stderr)))
+    if not readers:
+        return None
+    provider = MeterProvider(metric_readers=readers, resource=_resource(role, settings.worker_id))
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def shutdown(*providers: TracerProvider | MeterProvider | None) -> None:
+    """Flush and stop what was installed."""
+    for provider in providers:
+        if provider is not None:
+            provider.shutdown()

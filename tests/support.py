@@ -319,12 +319,12 @@ async def consumer_count(amqp_url: str, queue: str = "expirations") -> int:
 
 
 @contextlib.asynccontextmanager
-async def running_consumer(settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
+async def running_consumer(settings: Settings, **options: Any) -> AsyncIterator[asyncio.Task[None]]:
     """An in-process consumer (the real ``consume.run``), stopped as SIGTERM would."""
     from service import consume
 
     stop = asyncio.Event()
-    task = asyncio.create_task(consume.run(settings, stop))
+    task = asyncio.create_task(consume.run(settings, stop, **options))
     try:
         yield task
     finally:

@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of service.consume: headers and settling."""
+"""Unit tests for the pure parts of service.handler, and broker.settle."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 
 from service.broker import settle
-from service.consume import read_attempt, short_reason
 from service.errors import PoisonMessage
+from service.handler import read_attempt, short_reason
 
 
 class FakeMessage:

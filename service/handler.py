@@ -1,0 +1,280 @@
+"""One delivery of an expiration command: domain -> database -> ack / retry / dead-letter.
+
+A delivery is acked only after the guarded update committed. A failure is
+classified: a transient one is republished to a delay queue (a fresh message
+carrying its attempt count in ``x-expiry-attempt``), a permanent or exhausted
+one to ``expirations.dead`` with the metadata an operator needs; the original
+is acked only after that copy was confirmed by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import aio_pika
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
+from opentelemetry import trace
+
+from service import broker, db
+from service.domain import Outcome, parse_command
+from service.errors import PublishNotConfirmed, ServiceError, classify
+from service.metrics import Metrics
+from service.records import (
+    ATTEMPT_HEADER,
+    ERROR_CLASS_HEADER,
+    FIRST_SEEN_HEADER,
+    GIVE_UP_HEADER,
+    LAST_SEEN_HEADER,
+    REASON_HEADER,
+    WORKER_HEADER,
+    header_int,
+)
+from service.retry import DeadLetter, Retry, RetryPolicy, decide
+from service.settings import Settings
+from service.topology import DEAD_ROUTING_KEY, QUEUE, retry_routing_key
+
+log = logging.getLogger("service.consume")
+tracer = trace.get_tracer("service.consume")
+
+REQUEUE_PAUSE_SECONDS = 1.0
+# Test-only failpoints (EXPIRY_FAILPOINT): "exit-after-commit" exits the process
+# right after the first commit, before its ack, as a crash there would;
+# "exit-on:<reservation uuid>" exits whenever that reservation's command is
+# handled, like a message that kills every consumer that takes it.
+FAILPOINT_EXIT_AFTER_COMMIT = "exit-after-commit"
+FAILPOINT_EXIT_ON = "exit-on:"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a delivery says about its own history."""
+
+    number: int
+    first_seen_ms: int
+    message_id: str
+
+
+def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
+    """Read the attempt number and first-seen time from our headers (defaults: 1, now)."""
+    headers = message.headers or {}
+    return Attempt(
+        number=max(1, header_int(headers, ATTEMPT_HEADER, 1)),
+        first_seen_ms=min(now_ms, header_int(headers, FIRST_SEEN_HEADER, now_ms)),
+        message_id=message.message_id or "-",
+    )
+
+
+def short_reason(exc: BaseException) -> str:
+    """A reason safe to log and to store: our own messages, else only the error type."""
+    if isinstance(exc, ServiceError):
+        return str(exc)[:200]
+    sqlstate = getattr(exc, "sqlstate", None)
+    return f"{type(exc).__name__} (sqlstate {sqlstate})" if sqlstate else type(exc).__name__
+
+
+def now_ms() -> int:
+    """The worker's wall clock in epoch milliseconds (used only for retry budgets)."""
+    return time.time_ns() // 1_000_000
+
+
+class Consumer:
+    """Handles deliveries of the ``expirations`` queue, each in its own task."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: db.Pool,
+        retry_exchange: AbstractExchange,
+        dead_exchange: AbstractExchange,
+        in_flight: broker.InFlight,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.pool = pool
+        self.retry_exchange = retry_exchange
+        self.dead_exchange = dead_exchange
+        self.policy = RetryPolicy(
+            settings.retry_delays, settings.max_attempts, settings.max_age_seconds
+        )
+        self.in_flight = in_flight
+        self._acquire_timeout = (
+            settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000
+        )
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        """The broker's callback: track the task so that shutdown can wait for it."""
+        self.in_flight.track()
+        await self.handle(message)
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Process one delivery and settle it explicitly."""
+        started = time.monotonic()
+        attempt = read_attempt(message, now_ms())
+        span = trace.get_current_span()  # the aio-pika instrumentation's consumer span
+        annotate_delivery(span, message, attempt)
+        reservation_id = "-"
+        try:
+            command = parse_command(message.body)
+            reservation_id = str(command.reservation_id)
+            span.set_attribute("expiry.reservation_id", reservation_id)
+            self._failpoint(FAILPOINT_EXIT_ON + reservation_id)
+            expiry = await self.expire(command.reservation_id, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self.on_failure(message, attempt, reservation_id, exc, started)
+            return
+        self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
+        acked = await broker.settle(message.ack, attempt.message_id)
+        span.set_attribute("expiry.outcome", expiry.outcome.value)
+        elapsed = time.monotonic() - started
+        self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
+        _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
+
+    async def expire(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
+        """The guarded update and its audit row, in one transaction."""
+        with tracer.start_as_current_span(
+            "expire reservation", attributes={"db.system": "postgresql"}
+        ) as span:
+            async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
+                expiry = await db.expire_reservation(
+                    conn,
+                    reservation_id,
+                    message_id=attempt.message_id,
+                    attempt=attempt.number,
+                    worker=self.settings.worker_id,
+                )
+            span.set_attribute("expiry.outcome", expiry.outcome.value)
+            return expiry
+
+    async def on_failure(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: str,
+        exc: Exception,
+        started: float,
+    ) -> None:
+        """Retry through a delay queue or dead-letter; ack only once the copy is confirmed."""
+        disposition, error_class = classify(exc)
+        age = (now_ms() - attempt.first_seen_ms) / 1000
+        decision = decide(self.policy, disposition, attempt=attempt.number, age_seconds=age)
+        span = trace.get_current_span()
+        span.set_attribute("expiry.error_class", error_class)
+        span.set_attribute(
+            "expiry.outcome", "retry" if isinstance(decision, Retry) else "dead-letter"
+        )
+        facts = {
+            "reservation_id": reservation_id,
+            "message_id": attempt.message_id,
+            "attempt": attempt.number,
+            "error_class": error_class,
+            "reason": short_reason(exc),
+            "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+        }
+        try:
+            await self.publish_copy(message, attempt, decision, error_class, short_reason(exc))
+        except PublishNotConfirmed as publish_exc:
+            log.warning("expiry.copy_failed", extra={**facts, "copy_error": str(publish_exc)})
+            await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
+            await broker.settle(lambda: message.nack(requeue=True), attempt.message_id)
+            return
+        if not await broker.settle(message.ack, attempt.message_id):
+            return
+        elapsed = time.monotonic() - started
+        if isinstance(decision, Retry):
+            self.metrics.retried(error_class, seconds=elapsed)
+            log.info("expiry.retry", extra={**facts, "delay_s": decision.delay_seconds})
+        else:
+            self.metrics.dead_lettered(error_class, decision.why.value, seconds=elapsed)
+            log.warning("expiry.dead_letter", extra={**facts, "give_up": decision.why.value})
+
+    async def publish_copy(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        decision: Retry | DeadLetter,
+        error_class: str,
+        reason: str,
+    ) -> None:
+        """Publish the retry or dead-letter copy of ``message`` and wait for its confirm."""
+        headers: dict[str, Any] = {
+            FIRST_SEEN_HEADER: attempt.first_seen_ms,
+            ERROR_CLASS_HEADER: error_class,
+            REASON_HEADER: reason,
+            WORKER_HEADER: self.settings.worker_id,
+        }
+        if isinstance(decision, Retry):
+            headers[ATTEMPT_HEADER] = decision.next_attempt
+            exchange, routing_key = self.retry_exchange, retry_routing_key(decision.delay_seconds)
+        else:
+            headers[ATTEMPT_HEADER] = attempt.number
+            headers[GIVE_UP_HEADER] = decision.why.value
+            headers[LAST_SEEN_HEADER] = now_ms()
+            exchange, routing_key = self.dead_exchange, DEAD_ROUTING_KEY
+        copy = aio_pika.Message(
+            message.body,
+            headers=headers,
+            content_type=message.content_type,
+            delivery_mode=DeliveryMode.PERSISTENT,
+            message_id=message.message_id,
+            timestamp=message.timestamp,
+            type=message.type,
+            app_id=message.app_id,
+        )
+        await broker.publish_confirmed(
+            exchange, copy, routing_key, timeout=self.settings.publish_timeout_seconds
+        )
+
+    def _failpoint(self, name: str) -> None:
+        if self.settings.failpoint and self.settings.failpoint.lower() == name:
+            log.warning("expiry.failpoint", extra={"failpoint": self.settings.failpoint})
+            logging.shutdown()
+            os._exit(137)
+
+
+def annotate_delivery(span: trace.Span, message: AbstractIncomingMessage, attempt: Attempt) -> None:
+    """Messaging semantic-convention attributes, and our attempt, on the consumer span."""
+    if not span.is_recording():
+        return
+    span.set_attributes(
+        {
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": QUEUE,
+            "messaging.message.id": attempt.message_id,
+            "messaging.rabbitmq.destination.routing_key": message.routing_key or "",
+            "messaging.rabbitmq.message.redelivered": bool(message.redelivered),
+            "expiry.attempt": attempt.number,
+        }
+    )
+
+
+def _log_outcome(
+    message: AbstractIncomingMessage,
+    attempt: Attempt,
+    reservation_id: str,
+    outcome: Outcome,
+    elapsed: float,
+    *,
+    acked: bool,
+) -> None:
+    log.info(
+        "expiry.outcome",
+        extra={
+            "reservation_id": reservation_id,
+            "message_id": attempt.message_id,
+            "attempt": attempt.number,
+            "outcome": outcome.value,
+            "redelivered": bool(message.redelivered),
+            "acked": acked,
+            "elapsed_ms": round(elapsed * 1000, 1),
+        },
+    )

@@ -1,0 +1,229 @@
+"""Traces, metrics and the health endpoint, against the real services."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from service import produce, telemetry
+from service.metrics import Metrics
+from tests.proxy import tcp_proxy
+from tests.support import (
+    Stack,
+    eventually,
+    insert_holds,
+    publish_raw,
+    running_consumer,
+    stack_settings,
+    statuses,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on, into memory, for this module only (the provider is process-wide)."""
+    from opentelemetry.instrumentation.aio_pika import AioPikaInstrumentor
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+    exporter = InMemorySpanExporter()
+    telemetry.setup_tracing(stack_settings("postgresql://x@h/d", "amqp://h/"), "test", exporter)
+    yield exporter
+    AioPikaInstrumentor().uninstrument()
+    AsyncPGInstrumentor().uninstrument()  # type: ignore[no-untyped-call]
+    exporter.clear()
+    exporter.shutdown()
+
+
+def _by_id(all_spans: tuple[ReadableSpan, ...]) -> dict[int, ReadableSpan]:
+    return {s.context.span_id: s for s in all_spans if s.context is not None}
+
+
+def _ancestors(span: ReadableSpan, index: dict[int, ReadableSpan]) -> list[ReadableSpan]:
+    chain = []
+    while span.parent is not None and span.parent.span_id in index:
+        span = index[span.parent.span_id]
+        chain.append(span)
+    return chain
+
+
+async def _expired(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+async def test_one_trace_links_the_scan_the_consumer_and_the_database(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """The scan's publish span and the consumer's span share a trace; the update is a child."""
+    spans.clear()
+    [rid] = await insert_holds(stack.database_url, 1)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await produce.scan(stack.settings)
+        await eventually(lambda: _expired(stack, 1))
+    finished = spans.get_finished_spans()
+    index = _by_id(finished)
+    [sent] = [s for s in finished if s.kind is SpanKind.PRODUCER]
+    assert sent.name.startswith("expirations")
+    [received] = [s for s in finished if s.kind is SpanKind.CONSUMER]
+    assert sent.context is not None
+    assert received.context is not None
+    assert received.context.trace_id == sent.context.trace_id
+    assert received.parent is not None
+    assert received.parent.span_id == sent.context.span_id
+    attributes = dict(received.attributes or {})
+    assert attributes["messaging.system"] == "rabbitmq"
+    assert attributes["messaging.destination.name"] == "expirations"
+    assert str(attributes["messaging.message.id"]).startswith(f"expire:{rid}:")
+    assert attributes["messaging.rabbitmq.destination.routing_key"] == "expire"
+    assert attributes["messaging.rabbitmq.message.redelivered"] is False
+    assert (attributes["expiry.attempt"], attributes["expiry.outcome"]) == (1, "expired")
+    database = [
+        s for s in finished if s.kind is SpanKind.CLIENT and received in _ancestors(s, index)
+    ]
+    assert database, "the guarded update shows as a database span under the consumer span"
+    assert any(
+        "UPDATE reservations" in str((s.attributes or {}).get("db.statement", "")) for s in database
+    )
+
+
+async def test_a_retry_stays_in_the_same_trace(stack: Stack, spans: InMemorySpanExporter) -> None:
+    """Database away for the first attempt: the retry hop and attempt 2 are in the job's trace."""
+    spans.clear()
+    await insert_holds(stack.database_url, 1)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await produce.scan(stack.settings)
+            await eventually(lambda: _has_span(spans, "expirations.retry"))
+            proxy.restore()
+            await eventually(lambda: _expired(stack, 1), timeout=30)
+    finished = spans.get_finished_spans()
+    consumed = sorted(
+        (s for s in finished if s.kind is SpanKind.CONSUMER), key=lambda s: s.start_time or 0
+    )
+    assert [(s.attributes or {}).get("expiry.outcome") for s in consumed] == ["retry", "expired"]
+    assert [(s.attributes or {}).get("expiry.attempt") for s in consumed] == [1, 2]
+    assert (consumed[0].attributes or {}).get("expiry.error_class") == "db.unavailable"
+    traces = {s.context.trace_id for s in consumed if s.context is not None}
+    [hop] = [s for s in finished if s.name.startswith("expirations.retry")]
+    assert hop.context is not None
+    assert traces == {hop.context.trace_id}
+
+
+async def _has_span(spans: InMemorySpanExporter, name: str) -> bool:
+    return any(s.name.startswith(name) for s in spans.get_finished_spans())
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, object], object]]]:
+    data = reader.get_metrics_data()
+    found: dict[str, list[tuple[dict[str, object], object]]] = {}
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    if value is None:
+                        value = getattr(point, "count", None)
+                    found.setdefault(metric.name, []).append((dict(point.attributes or {}), value))
+    return found
+
+
+def _value(
+    points: dict[str, list[tuple[dict[str, object], object]]], name: str, **labels: object
+) -> object:
+    for attributes, value in points.get(name, []):
+        if all(attributes.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+async def test_metrics_follow_a_small_run(stack: Stack) -> None:
+    """Outcomes, duplicates, dead letters, lag and the backlog gauges move as expected."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    metrics = Metrics(provider.get_meter("test"))
+    await insert_holds(stack.database_url, 5, due_in=-30)
+    async with running_consumer(stack.settings, metrics=metrics, backlog_every=0.2) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await eventually(lambda: _true(metrics.backlog.total == 5))
+        assert metrics.backlog.oldest_due_age_seconds >= 30
+        before = _points(reader)
+        assert _value(before, "expiry.oldest_due_age") is not None
+        assert _value(before, "expiry.backlog", age="10s_1m") == 5
+        await produce.scan(stack.settings)
+        await produce.scan(stack.settings.model_copy(update={"lease_seconds": 1}))
+        await eventually(lambda: _expired(stack, 5))
+        await publish_raw(stack.amqp_url, [b"not json"], message_ids=["poison-m"])
+        await eventually(lambda: _true(_value(_points(reader), "expiry.dead_letters") == 1))
+        await eventually(lambda: _true(metrics.backlog.total == 0))
+    after = _points(reader)
+    provider.shutdown()
+    assert _value(after, "expiry.commands", outcome="expired") == 5
+    assert (
+        _value(after, "expiry.dead_letters", error_class="poison.not-json", give_up="permanent")
+        == 1
+    )
+    assert _value(after, "expiry.lag") == 5  # a histogram: its count
+    assert _value(after, "expiry.backlog", age="10s_1m") == 0
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_health_endpoint_reports_liveness_readiness_and_metrics(stack: Stack) -> None:
+    """Ready only with a channel and a database; live regardless; metrics in Prometheus text."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    port = _free_port()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
+    metrics = Metrics(provider.get_meter("test"))
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(
+            update={"database_url": proxy.url(stack.database_url), "http_port": port}
+        )
+        async with (
+            running_consumer(settings, metrics=metrics, backlog_every=1.0) as task,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+        ):
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            assert (await client.get("/healthz")).status_code == 200
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json() == {
+                "ready": True,
+                "consuming": True,
+                "channel": True,
+                "database": True,
+            }
+            assert "expiry_oldest_due_age" in (await client.get("/metrics")).text
+            proxy.cut()
+            unready = await client.get("/readyz")
+            assert unready.status_code == 503
+            assert unready.json()["database"] is False
+            assert (await client.get("/healthz")).status_code == 200
+            proxy.restore()
+            await asyncio.sleep(0.2)
+            assert (await client.get("/readyz")).status_code == 200
+    provider.shutdown()
