@@ -1,0 +1,83 @@
+"""Fixtures of the fault scenarios: one private RabbitMQ node per session (a vhost per
+scenario), one private PostgreSQL cluster per session (only when a scenario asks for
+it), and a world per scenario. Prints every scenario's figures at the end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from tests.faults.nodes import PgCluster, RabbitNode, ServerUnavailable
+from tests.faults.report import RESULTS
+from tests.faults.world import World, open_world
+from tests.support import Endpoints
+
+
+def _missing(reason: str) -> NoReturn:
+    """Skip, or fail under CI, because a private server cannot be set up here."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
+    """A private RabbitMQ node on ports of its own; stopped and removed afterwards."""
+    try:
+        node = RabbitNode(tmp_path_factory.mktemp("rabbit"))
+    except ServerUnavailable as exc:
+        _missing(f"no private RabbitMQ node: {exc}")
+    try:
+        node.start()
+    except ServerUnavailable as exc:
+        node.shutdown()
+        _missing(f"no private RabbitMQ node: {exc}")
+    yield node
+    node.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A private PostgreSQL cluster on a port of its own; dropped afterwards."""
+    try:
+        cluster = PgCluster()
+    except ServerUnavailable as exc:
+        _missing(f"no private PostgreSQL cluster: {exc}")
+    try:
+        cluster.create()
+    except ServerUnavailable as exc:
+        cluster.drop()
+        _missing(f"no private PostgreSQL cluster: {exc}")
+    yield cluster
+    cluster.drop()
+
+
+@pytest.fixture
+async def world(
+    endpoints: Endpoints, rabbit_node: RabbitNode, tmp_path: Path
+) -> AsyncIterator[World]:
+    """A database on the machine's PostgreSQL and a vhost on the private node."""
+    async with open_world(endpoints.database_url, rabbit_node, tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def pg_world(
+    pg_cluster: PgCluster, rabbit_node: RabbitNode, tmp_path: Path
+) -> AsyncIterator[World]:
+    """A database on the private PostgreSQL cluster and a vhost on the private node."""
+    async with open_world(pg_cluster.admin_url, rabbit_node, tmp_path, pg_cluster) as opened:
+        yield opened
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Every scenario's figures, one line each."""
+    if not RESULTS:
+        return
+    terminalreporter.section("fault scenarios: figures")
+    for figures in RESULTS:
+        terminalreporter.write_line(figures.line())

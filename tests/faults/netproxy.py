@@ -1,0 +1,377 @@
+"""An in-process asyncio TCP proxy that injects network faults.
+
+``cut()`` resets every connection and refuses new ones (a crash or a reset);
+``blackhole()`` keeps connections open but forwards nothing, in either
+direction, and hides closes until ``restore()`` (a partition: what was sent
+arrives after the heal, or the connection turns out to be dead); ``delay``
+adds latency to every chunk. An *inspector* sees the client's bytes before
+they are forwarded and can arm one connection to lose the server's next reply
+(``cut_on_reply``) or to hold the server's replies forever (``hold_replies``).
+
+Two inspectors understand just enough of the wire protocols:
+``PgCommitCut`` (PostgreSQL frontend messages: it cuts the connection whose
+guarded expire statement the server has just committed, so the client never
+learns the outcome) and ``AmqpPublishTrap`` (AMQP 0-9-1 frames: after the n-th
+``basic.publish`` it holds the broker's replies, so confirms are lost, or cuts
+everything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
+
+
+class Mode(Enum):
+    """How the proxy treats traffic."""
+
+    FORWARD = "forward"
+    RESET = "reset"
+    BLACKHOLE = "blackhole"
+
+
+@dataclass(eq=False)
+class Link:
+    """One proxied connection."""
+
+    number: int
+    opened_at: float
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter | None = None
+    client_closed_at: float | None = None
+    hold_replies: bool = False
+    cut_on_reply: bool = False
+    closed: bool = False
+
+    def abort(self) -> None:
+        """Reset both sides."""
+        self.closed = True
+        self.client.transport.abort()
+        if self.server is not None:
+            self.server.transport.abort()
+
+
+Inspector = Callable[[Link, bytes], None]
+
+
+@dataclass(eq=False)
+class FaultProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target``; see the module docstring."""
+
+    target: tuple[str, int]
+    inspector: Inspector | None = None
+    delay: float = 0.0
+    mode: Mode = Mode.FORWARD
+    port: int = 0
+    links: list[Link] = field(default_factory=list)
+    cut_links: int = 0
+    _server: asyncio.Server | None = None
+    _passable: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def start(self) -> None:
+        """Listen on a free local port."""
+        self._passable.set()
+        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def url(self, url: str) -> str:
+        """``url`` with its host and port replaced by the proxy's."""
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        return urlunsplit(parts._replace(netloc=f"{userinfo}127.0.0.1:{self.port}"))
+
+    def cut(self) -> None:
+        """Reset every live connection and refuse new ones."""
+        self.mode = Mode.RESET
+        self._passable.set()
+        for link in self.links:
+            if not link.closed:
+                self.cut_links += 1
+                link.abort()
+
+    def blackhole(self) -> None:
+        """Forward nothing and hide closes, until ``restore()``."""
+        self.mode = Mode.BLACKHOLE
+        self._passable.clear()
+
+    def restore(self) -> None:
+        """Forward again (connections cut meanwhile stay cut)."""
+        self.mode = Mode.FORWARD
+        self._passable.set()
+
+    def opened_since(self, moment: float) -> list[Link]:
+        """Connections accepted at or after ``moment`` (``time.monotonic()``)."""
+        return [link for link in self.links if link.opened_at >= moment]
+
+    async def close(self) -> None:
+        """Stop listening and reset everything."""
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = Link(len(self.links) + 1, time.monotonic(), writer)
+        self.links.append(link)
+        if self.mode is Mode.RESET:
+            link.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            link.abort()
+            return
+        link.server = up_writer
+        self._spawn(self._pump(link, reader, up_writer, upstream=True))
+        self._spawn(self._pump(link, up_reader, writer, upstream=False))
+
+    async def _read_into(
+        self,
+        link: Link,
+        src: asyncio.StreamReader,
+        queue: asyncio.Queue[bytes | None],
+        upstream: bool,
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await src.read(65536):
+                queue.put_nowait(data)
+        if upstream and link.client_closed_at is None:
+            link.client_closed_at = time.monotonic()
+        queue.put_nowait(None)
+
+    async def _pump(
+        self, link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_into(link, src, queue, upstream))
+        try:
+            while (data := await queue.get()) is not None:
+                await self._passable.wait()
+                if self.mode is Mode.RESET or link.closed:
+                    break
+                if upstream and self.inspector is not None:
+                    self.inspector(link, data)
+                if not upstream and link.cut_on_reply:
+                    self.cut_links += 1
+                    break
+                if not upstream and link.hold_replies:
+                    await asyncio.Event().wait()  # held until the link is torn down
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                if link.closed:
+                    break
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            link.abort()
+
+
+@contextlib.asynccontextmanager
+async def fault_proxy(
+    url: str, default_port: int, inspector: Inspector | None = None
+) -> AsyncIterator[FaultProxy]:
+    """A started proxy in front of the service at ``url``."""
+    parts = urlsplit(url)
+    proxy = FaultProxy((parts.hostname or "127.0.0.1", parts.port or default_port), inspector)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+# --- PostgreSQL frontend messages -------------------------------------------
+
+_UNTYPED_FOLLOW_UPS = {80877103, 80877104}  # SSLRequest, GSSENCRequest: startup follows
+EXPIRE_MARKERS = (b"UPDATE reservations", b"reservation_transitions")
+
+
+class PgFrontend:
+    """Splits a client's byte stream into (type, body) messages (startup: type b"")."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.startup = True
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Add bytes; yield every complete message."""
+        self.buffer += data
+        while True:
+            message = self._startup() if self.startup else self._typed()
+            if message is None:
+                return
+            yield message
+
+    def _startup(self) -> tuple[bytes, bytes] | None:
+        if len(self.buffer) < 8:
+            return None
+        length = int.from_bytes(self.buffer[:4], "big")
+        if len(self.buffer) < length:
+            return None
+        body = bytes(self.buffer[4:length])
+        del self.buffer[:length]
+        if int.from_bytes(body[:4], "big") not in _UNTYPED_FOLLOW_UPS:
+            self.startup = False
+        return b"", body
+
+    def _typed(self) -> tuple[bytes, bytes] | None:
+        if len(self.buffer) < 5:
+            return None
+        length = int.from_bytes(self.buffer[1:5], "big")
+        if len(self.buffer) < 1 + length:
+            return None
+        kind, body = bytes(self.buffer[:1]), bytes(self.buffer[5 : 1 + length])
+        del self.buffer[: 1 + length]
+        return kind, body
+
+
+def parse_statement(body: bytes) -> tuple[bytes, bytes]:
+    """A Parse message's (statement name, query)."""
+    name, _, rest = body.partition(b"\0")
+    query, _, _ = rest.partition(b"\0")
+    return name, query
+
+
+def parse_bind(body: bytes) -> tuple[bytes, list[bytes | None]]:
+    """A Bind message's (statement name, parameter values)."""
+    _portal, _, rest = body.partition(b"\0")
+    statement, _, rest = rest.partition(b"\0")
+    (formats,) = struct.unpack_from(">h", rest, 0)
+    offset = 2 + 2 * formats
+    (count,) = struct.unpack_from(">h", rest, offset)
+    offset += 2
+    values: list[bytes | None] = []
+    for _ in range(count):
+        (size,) = struct.unpack_from(">i", rest, offset)
+        offset += 4
+        if size < 0:
+            values.append(None)
+            continue
+        values.append(rest[offset : offset + size])
+        offset += size
+    return statement, values
+
+
+def _uuid(value: bytes | None) -> UUID | None:
+    if value is None:
+        return None
+    return UUID(bytes=value) if len(value) == 16 else UUID(value.decode())
+
+
+@dataclass(eq=False)
+class PgCommitCut:
+    """When armed: lose the server's answer to the next guarded expire statement.
+
+    The client sends Bind, Execute and Sync together; the server commits at
+    Sync and only then flushes its answer. Dropping that answer and resetting
+    the connection leaves the client with a committed transaction whose
+    outcome it cannot know.
+    """
+
+    armed: bool = False
+    fired: Link | None = None
+    reservation_id: UUID | None = None
+    _parsers: dict[int, PgFrontend] = field(default_factory=dict)
+    _statements: dict[int, set[bytes]] = field(default_factory=dict)
+
+    def __call__(self, link: Link, data: bytes) -> None:
+        parser = self._parsers.setdefault(link.number, PgFrontend())
+        statements = self._statements.setdefault(link.number, set())
+        for kind, body in parser.feed(data):
+            if kind == b"P":
+                name, query = parse_statement(body)
+                if all(marker in query for marker in EXPIRE_MARKERS):
+                    statements.add(name)
+            elif kind == b"B" and self.armed:
+                statement, values = parse_bind(body)
+                if statement in statements:
+                    self.armed = False
+                    self.fired = link
+                    self.reservation_id = _uuid(values[0] if values else None)
+                    link.cut_on_reply = True
+
+
+# --- AMQP 0-9-1 frames --------------------------------------------------------
+
+_PROTOCOL_HEADER = 8
+_FRAME_METHOD = 1
+_BASIC_PUBLISH = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish)
+
+
+class AmqpFrames:
+    """Splits a client's byte stream into (frame type, channel, payload)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.header_seen = False
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, int, bytes]]:
+        """Add bytes; yield every complete frame."""
+        self.buffer += data
+        if not self.header_seen:
+            if len(self.buffer) < _PROTOCOL_HEADER:
+                return
+            del self.buffer[:_PROTOCOL_HEADER]
+            self.header_seen = True
+        while len(self.buffer) >= 7:
+            kind, channel, size = struct.unpack_from(">BHI", self.buffer, 0)
+            if len(self.buffer) < 8 + size:
+                return
+            payload = bytes(self.buffer[7 : 7 + size])
+            del self.buffer[: 8 + size]
+            yield kind, channel, payload
+
+
+@dataclass(eq=False)
+class AmqpPublishTrap:
+    """When armed: after ``after`` more ``basic.publish`` frames, hold replies or cut all."""
+
+    proxy: FaultProxy | None = None
+    action: Literal["hold", "cut"] = "hold"
+    after: int = 1
+    armed: bool = False
+    publishes: int = 0
+    fired_at_publish: int | None = None
+    _parsers: dict[int, AmqpFrames] = field(default_factory=dict)
+
+    def arm(self, action: Literal["hold", "cut"], after: int = 1) -> None:
+        """Fire after ``after`` more publishes."""
+        self.action, self.after, self.armed = action, self.publishes + after, True
+
+    def __call__(self, link: Link, data: bytes) -> None:
+        parser = self._parsers.setdefault(link.number, AmqpFrames())
+        for kind, _channel, payload in parser.feed(data):
+            if kind != _FRAME_METHOD or not payload.startswith(_BASIC_PUBLISH):
+                continue
+            self.publishes += 1
+            if self.armed and self.publishes >= self.after:
+                self.armed = False
+                self.fired_at_publish = self.publishes
+                self._fire(link)
+
+    def _fire(self, link: Link) -> None:
+        if self.action == "hold":
+            link.hold_replies = True
+        elif self.proxy is not None:
+            self.proxy.cut()

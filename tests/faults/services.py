@@ -1,0 +1,196 @@
+"""The service's real commands as subprocesses, with their output in files.
+
+Every process of a scenario belongs to its ``Fleet``, which reaps whatever
+is still alive at the end (by pid, SIGKILL), so no test leaves a consumer
+behind. JSON log lines are read back from the files for the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(eq=False)
+class ServiceProcess:
+    """One ``python -m service.*`` process and its log file."""
+
+    name: str
+    module: str
+    log_path: Path
+    process: asyncio.subprocess.Process
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process has not exited (as far as asyncio has noticed)."""
+        return self.process.returncode is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code (negative: killed by that signal), or None while running."""
+        return self.process.returncode
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` if the process still runs."""
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+    async def wait(self, timeout: float = 60.0) -> int:
+        """Wait for the exit code, at most ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            return await self.process.wait()
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal and wait; return the exit code."""
+        self.send(sig)
+        return await self.wait(timeout)
+
+    def text(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines (a line cut short by a SIGKILL is skipped)."""
+        return parse_events(self.text())
+
+    def plain_lines(self) -> list[str]:
+        """The lines that are not JSON log lines (what a human reads on stderr)."""
+        return [
+            line for line in self.text().splitlines() if line.strip() and not line.startswith("{")
+        ]
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """JSON objects, one per line; other lines are ignored."""
+    events: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        with contextlib.suppress(json.JSONDecodeError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                events.append(value)
+    return events
+
+
+@dataclass
+class Fleet:
+    """The processes of one scenario."""
+
+    workdir: Path
+    processes: list[ServiceProcess] = field(default_factory=list)
+    _counter: Counter[str] = field(default_factory=Counter)
+
+    async def start(
+        self, module: str, *args: str, name: str, env: dict[str, str]
+    ) -> ServiceProcess:
+        """Start ``python -m module args`` in the scenario's directory."""
+        self._counter[name] += 1
+        suffix = "" if self._counter[name] == 1 else f"-{self._counter[name]}"
+        log_path = self.workdir / f"{name}{suffix}.log"
+        with log_path.open("ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                *args,
+                env=env,
+                cwd=self.workdir,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        started = ServiceProcess(name + suffix, module, log_path, process)
+        self.processes.append(started)
+        return started
+
+    async def run(
+        self, module: str, *args: str, name: str, env: dict[str, str], timeout: float = 120.0
+    ) -> ServiceProcess:
+        """Run a command to completion (at most ``timeout`` seconds)."""
+        process = await self.start(module, *args, name=name, env=env)
+        await process.wait(timeout)
+        return process
+
+    def of(self, module: str) -> list[ServiceProcess]:
+        """The processes of one command."""
+        return [p for p in self.processes if p.module == module]
+
+    def consumer_stats(self) -> LogStats:
+        """What every consumer of the scenario logged."""
+        events: list[dict[str, Any]] = []
+        for process in self.of("service.consume"):
+            events.extend(process.events())
+        return LogStats(events)
+
+    async def reap(self) -> None:
+        """SIGKILL whatever still runs, and wait for it."""
+        for process in self.processes:
+            process.send(signal.SIGKILL)
+        for process in self.processes:
+            with contextlib.suppress(TimeoutError):
+                await process.wait(30)
+
+
+@dataclass
+class LogStats:
+    """Counts over consumers' JSON log lines."""
+
+    events: list[dict[str, Any]]
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        """The lines of one event."""
+        return [e for e in self.events if e.get("event") == event]
+
+    @property
+    def outcomes(self) -> Counter[str]:
+        """``expiry.outcome`` lines by outcome."""
+        return Counter(str(e.get("outcome")) for e in self.named("expiry.outcome"))
+
+    @property
+    def deliveries(self) -> int:
+        """Deliveries the consumers finished handling (an outcome, a retry, a dead letter,
+        or a copy the broker refused)."""
+        return sum(
+            len(self.named(name))
+            for name in (
+                "expiry.outcome",
+                "expiry.retry",
+                "expiry.dead_letter",
+                "expiry.copy_failed",
+            )
+        )
+
+    @property
+    def duplicates(self) -> int:
+        """Deliveries that found their hold already expired."""
+        return self.outcomes["already-done"]
+
+    @property
+    def redelivered(self) -> int:
+        """Outcomes of deliveries that the broker flagged as redelivered."""
+        return sum(1 for e in self.named("expiry.outcome") if e.get("redelivered"))
+
+    @property
+    def retries(self) -> int:
+        """Commands sent to a delay queue."""
+        return len(self.named("expiry.retry"))
+
+    def for_reservation(self, reservation_id: str) -> list[dict[str, Any]]:
+        """Every line about one reservation, in file order per process."""
+        return [e for e in self.events if e.get("reservation_id") == reservation_id]

@@ -1,0 +1,182 @@
+"""One scenario's world: its own database, its own vhost on the private node, its processes."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+
+from tests.faults.checks import install_transition_trigger
+from tests.faults.nodes import PgCluster, RabbitNode
+from tests.faults.services import Fleet, ServiceProcess
+
+RUN = secrets.token_hex(3)
+_numbers = itertools.count(1)
+
+RETRY_DELAYS = (1, 2, 4)
+
+# Short budgets so that a scenario's retries happen within seconds; everything
+# else is the service's default.
+SERVICE_ENV = {
+    "EXPIRY_RETRY_DELAYS": ",".join(str(d) for d in RETRY_DELAYS),
+    "EXPIRY_MAX_ATTEMPTS": "10",
+    "EXPIRY_MAX_AGE_SECONDS": "300",
+    "EXPIRY_LOCK_TIMEOUT_MS": "1000",
+    "EXPIRY_STATEMENT_TIMEOUT_MS": "5000",
+    "EXPIRY_DB_CONNECT_TIMEOUT_SECONDS": "2",
+    "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "5",
+    "EXPIRY_HEARTBEAT_SECONDS": "5",
+    "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
+    "EXPIRY_LOG_FORMAT": "json",
+    "EXPIRY_LOG_LEVEL": "INFO",
+}
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name``."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+class Management:
+    """The few management API calls the scenarios need, on the private node."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base = base_url
+        self.auth = ("guest", "guest")
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.base, auth=self.auth, timeout=30) as client:
+            response = await client.request(method, f"/api{path}", **kwargs)
+        response.raise_for_status()
+        return response
+
+    async def create_vhost(self, vhost: str) -> None:
+        """Create ``vhost`` and give guest every permission on it."""
+        name = quote(vhost, safe="")
+        await self._call("PUT", f"/vhosts/{name}", json={})
+        permissions = {"configure": ".*", "write": ".*", "read": ".*"}
+        await self._call("PUT", f"/permissions/{name}/guest", json=permissions)
+
+    async def delete_vhost(self, vhost: str) -> None:
+        """Delete ``vhost`` (and everything in it)."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._call("DELETE", f"/vhosts/{quote(vhost, safe='')}")
+
+    async def set_policy(self, vhost: str, name: str, body: dict[str, Any]) -> None:
+        """Create or replace a policy."""
+        await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
+
+    async def clear_policy(self, vhost: str, name: str) -> None:
+        """Remove a policy."""
+        await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")
+
+
+@dataclass
+class World:
+    """A scenario's private database and vhost, its processes and its log directory."""
+
+    name: str
+    database_url: str
+    admin_url: str
+    vhost: str
+    node: RabbitNode
+    management: Management
+    workdir: Path
+    fleet: Fleet
+    cluster: PgCluster | None = None
+    retry_delays: tuple[int, ...] = RETRY_DELAYS
+    names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def amqp_url(self) -> str:
+        """The scenario's vhost on the private node, directly."""
+        return self.node.amqp_url(self.vhost)
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """Environment of a service process of this world (``overrides`` win)."""
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
+        }
+        env.update(SERVICE_ENV)
+        env.update(DATABASE_URL=self.database_url, AMQP_URL=self.amqp_url, PYTHONUNBUFFERED="1")
+        env.update(overrides)
+        return env
+
+    async def consumer(self, name: str | None = None, **overrides: str) -> ServiceProcess:
+        """Start ``python -m service.consume``."""
+        name = name or f"consumer{next(self.names)}"
+        env = self.env(EXPIRY_WORKER_ID=name, **overrides)
+        return await self.fleet.start("service.consume", name=name, env=env)
+
+    async def scanner(self, every: float = 1.0, **overrides: str) -> ServiceProcess:
+        """Start ``python -m service.produce --every SECONDS``."""
+        env = self.env(EXPIRY_WORKER_ID="scanner", **overrides)
+        return await self.fleet.start(
+            "service.produce", "--every", str(every), name="scanner", env=env
+        )
+
+    async def scan(self, timeout: float = 120.0, **overrides: str) -> ServiceProcess:
+        """Run ``python -m service.produce --scan`` to completion."""
+        env = self.env(EXPIRY_WORKER_ID="scan", **overrides)
+        return await self.fleet.run(
+            "service.produce", "--scan", name="scan", env=env, timeout=timeout
+        )
+
+    @property
+    def retry_queues(self) -> list[str]:
+        """The delay queues of this world's tiers."""
+        return [f"expirations.retry.{delay}s" for delay in self.retry_delays]
+
+
+async def _admin(url: str, statement: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def open_world(
+    admin_url: str, node: RabbitNode, workdir: Path, cluster: PgCluster | None = None
+) -> AsyncIterator[World]:
+    """Create the database (migrated by ``python -m service.migrate``) and the vhost."""
+    number = next(_numbers)
+    name = f"faults_{RUN}_{number}"
+    vhost = f"faults-{RUN}-{number}"
+    await _admin(admin_url, f"CREATE DATABASE {name}")
+    management = Management(node.management_url)
+    world = World(
+        name=name,
+        database_url=with_database(admin_url, name),
+        admin_url=admin_url,
+        vhost=vhost,
+        node=node,
+        management=management,
+        workdir=workdir,
+        fleet=Fleet(workdir),
+        cluster=cluster,
+    )
+    try:
+        await management.create_vhost(vhost)
+        migrate = await world.fleet.run("service.migrate", name="migrate", env=world.env())
+        assert migrate.returncode == 0, migrate.text()
+        await install_transition_trigger(world.database_url)
+        yield world
+    finally:
+        await world.fleet.reap()
+        await management.delete_vhost(vhost)
+        if cluster is not None and not cluster.is_running():
+            cluster.start()
+        await _admin(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
