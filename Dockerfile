@@ -40,7 +40,9 @@ WORKDIR /app
 USER 10001:10001
 
 # Healthy while a TCP connection opens to the database and to a broker node
-# named by DATABASE_URL and AMQP_URL (see service/healthcheck.py).
+# named by DATABASE_URL and AMQP_URL and, where the process serves its HTTP
+# endpoint (EXPIRY_HTTP_PORT: the consumers), GET /readyz answers 200
+# (see service/healthcheck.py).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=20s --retries=3 \
     CMD ["python", "-m", "service.healthcheck", "--timeout", "5"]
 

@@ -1,10 +1,12 @@
-"""``python -m service.healthcheck``: can this container's service reach what it needs?
+"""``python -m service.healthcheck``: can this container's service do its work?
 
 The container's ``HEALTHCHECK``: exit 0 only if a TCP connection opens, within
 the timeout, to the PostgreSQL host of ``DATABASE_URL`` and to at least one
-RabbitMQ node of ``AMQP_URL`` (the service uses the first reachable one).
-It needs no extra tooling in the image and opens no session: it tells an
-orchestrator that a process started with these settings could work now.
+RabbitMQ node of ``AMQP_URL`` (the service uses the first reachable one), and,
+when the process serves its HTTP endpoint (``EXPIRY_HTTP_PORT``, the
+consumers), only if ``GET /readyz`` answers 200: the consumer is attached, its
+channel open and its database pool answering. It needs no extra tooling in
+the image.
 """
 
 from __future__ import annotations
@@ -53,8 +55,35 @@ async def reach(where: Target, timeout: float) -> str | None:
     return None
 
 
+def readiness_target(settings: Settings) -> Target | None:
+    """The process's own HTTP endpoint, if it serves one."""
+    if not settings.http_port:
+        return None
+    host = settings.http_host if settings.http_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    return Target("the readiness endpoint", host, settings.http_port)
+
+
+async def ready(where: Target, timeout: float) -> str | None:
+    """``GET /readyz``; return why it is not 200, or None."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(where.host, where.port)
+            writer.write(f"GET /readyz HTTP/1.0\r\nHost: {where.host}\r\n\r\n".encode())
+            response = await reader.read(4096)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    writer.close()
+    head, _, body = response.decode("latin-1").partition("\r\n\r\n")
+    status_line = head.splitlines()[0] if head else ""
+    if status_line.split(" ")[1:2] == ["200"]:
+        return None
+    return " ".join(body.split()) or status_line or "no response"
+
+
 async def check(settings: Settings, timeout: float) -> list[str]:
-    """Problems found: empty when the database and a broker node are reachable."""
+    """Problems found: empty when the database, a broker node (and readiness) are fine."""
     database = target("PostgreSQL", settings.database_url)
     nodes = [target("RabbitMQ", url) for url in settings.amqp_url]
     database_error, *node_errors = await asyncio.gather(
@@ -63,6 +92,9 @@ async def check(settings: Settings, timeout: float) -> list[str]:
     problems = [] if database_error is None else [f"cannot reach {database}: {database_error}"]
     if all(error is not None for error in node_errors):
         problems += [f"cannot reach {n}: {e}" for n, e in zip(nodes, node_errors, strict=True)]
+    endpoint = readiness_target(settings)
+    if endpoint is not None and (not_ready := await ready(endpoint, timeout)) is not None:
+        problems.append(f"not ready ({endpoint}): {not_ready}")
     return problems
 
 
@@ -71,7 +103,8 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
     if problems:
         print(f"unhealthy: {'; '.join(problems)}", flush=True)
         return 1
-    print("healthy: PostgreSQL and RabbitMQ are reachable", flush=True)
+    ready_too = " and /readyz answers 200" if readiness_target(settings) else ""
+    print(f"healthy: PostgreSQL and RabbitMQ are reachable{ready_too}", flush=True)
     return 0
 
 
@@ -91,7 +124,8 @@ def main() -> None:
         prog="python -m service.healthcheck",
         description=(
             "Exit 0 only if a TCP connection opens to the PostgreSQL host of DATABASE_URL and "
-            "to a RabbitMQ node of AMQP_URL (the container's HEALTHCHECK)."
+            "to a RabbitMQ node of AMQP_URL, and, when EXPIRY_HTTP_PORT is set, GET /readyz "
+            "answers 200 (the container's HEALTHCHECK)."
         ),
     )
     parser.add_argument(
