@@ -35,20 +35,72 @@ def connection_url(url: str, *, heartbeat: int, name: str) -> URL:
     return parsed.with_query(query)
 
 
+class ClusterConnection(aio_pika.RobustConnection):
+    """A robust connection that moves to the next node when its node goes away.
+
+    aio-pika reconnects to the URL it was given; with several nodes in
+    ``AMQP_URL`` this one turns to the next node when the connection is lost,
+    and keeps turning while reconnect attempts fail. Channels, queues and
+    consumers are then restored on the new node as usual.
+    """
+
+    nodes: tuple[URL, ...] = ()
+    node_index = 0
+    _watchdog: asyncio.Task[None] | None = None
+
+    def use_nodes(self, nodes: tuple[URL, ...], current: int) -> None:
+        """Remember the cluster's nodes and which one this connection uses."""
+        self.nodes, self.node_index = nodes, current
+        if len(nodes) > 1 and self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._rotate_while_down())
+
+    def _rotate(self) -> None:
+        self.node_index = (self.node_index + 1) % len(self.nodes)
+        self.url = self.nodes[self.node_index]
+        log.warning("broker.next_node", extra={"url": redact(str(self.url))})
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        if len(self.nodes) > 1 and not self._close_called:
+            self._rotate()
+        await super()._on_connection_close(closing)
+
+    async def _rotate_while_down(self) -> None:
+        # A failed attempt retries the same URL: move on while we stay down.
+        while not self.is_closed:
+            await asyncio.sleep(self.reconnect_interval * 1.5)
+            if not self.connected.is_set() and not self.is_closed:
+                self._rotate()
+
+    async def close(self, exc: Any = asyncio.CancelledError) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await super().close(exc)
+
+
 async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
-    """Connect to the first reachable node of ``AMQP_URL``; reconnects on loss."""
+    """Connect to the first reachable node of ``AMQP_URL``; reconnects on loss, to
+    the other nodes of the list too."""
+    nodes = tuple(
+        connection_url(url, heartbeat=settings.heartbeat_seconds, name=name)
+        for url in settings.amqp_url
+    )
     last: BaseException | None = None
-    for url in settings.amqp_url:
+    for index, url in enumerate(nodes):
         try:
-            return await aio_pika.connect_robust(
-                connection_url(url, heartbeat=settings.heartbeat_seconds, name=name),
-                timeout=settings.publish_timeout_seconds,
+            connection = await aio_pika.connect_robust(
+                url, timeout=settings.publish_timeout_seconds, connection_class=ClusterConnection
             )
         except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
-            log.warning("broker.unreachable", extra={"url": redact(url), "error": _describe(exc)})
+            log.warning(
+                "broker.unreachable", extra={"url": redact(str(url)), "error": _describe(exc)}
+            )
             last = exc
-    nodes = ", ".join(redact(url) for url in settings.amqp_url)
-    raise ConnectionError(f"cannot reach RabbitMQ at {nodes}: {_describe(last)}") from last
+        else:
+            if isinstance(connection, ClusterConnection):
+                connection.use_nodes(nodes, index)
+            return connection
+    listed = ", ".join(redact(url) for url in settings.amqp_url)
+    raise ConnectionError(f"cannot reach RabbitMQ at {listed}: {_describe(last)}") from last
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -176,3 +176,29 @@ async def test_broker_connection_lost_mid_update(
     assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
     outcomes = [r.outcome for r in _events(caplog, "expiry.outcome")]  # type: ignore[attr-defined]
     assert outcomes.count("expired") == 1
+
+
+async def test_consumer_moves_to_another_node_when_its_node_goes_away(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AMQP_URL names two nodes (two proxies to one broker here): losing the first, the
+    consumer reconnects through the second by itself and keeps expiring holds."""
+    caplog.set_level(logging.INFO)
+    async with tcp_proxy(stack.amqp_url, 5672) as first, tcp_proxy(stack.amqp_url, 5672) as second:
+        settings = stack.settings.model_copy(
+            update={"amqp_url": (first.url(stack.amqp_url), second.url(stack.amqp_url))}
+        )
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            assert (first.accepted, second.accepted) == (1, 0)
+            first.cut()  # the node dies, and stays dead
+            await eventually(lambda: _true(second.accepted >= 1), timeout=30)
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            await insert_holds(stack.database_url, 20)
+            await produce.scan(stack.settings)
+            await eventually(lambda: _all_expired(stack, 20), timeout=30)
+    assert [r for r in caplog.records if r.msg == "broker.next_node"]
+
+
+async def _true(value: bool) -> bool:
+    return value
