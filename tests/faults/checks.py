@@ -9,7 +9,8 @@ the rows themselves and the queues:
 - no consumed hold was expired; no future hold was touched; nothing left a
   final state, nothing was deleted;
 - the service's own audit trail agrees with the trigger;
-- the work queue and every delay queue are empty;
+- the work queue, every delay queue and any other queue of the service but
+  ``expirations.dead`` are empty;
 - the dead-letter queue holds exactly the expected commands, once each.
 """
 
@@ -81,6 +82,8 @@ SELECT r.id, r.status, r.updated_at = r.created_at AS untouched,
 """
 
 DELETED_SQL = "SELECT reservation_id FROM fault_transitions WHERE to_status = 'deleted'"
+
+DEAD_QUEUE = "expirations.dead"
 
 STILL_DUE_SQL = """
 SELECT count(*) FROM reservations
@@ -257,18 +260,32 @@ async def still_due(url: str, excluded: set[UUID]) -> int | None:
     return value
 
 
-async def settle(world: World, expect: Expectation, timeout: float) -> None:
+async def work_queues(world: World) -> list[str]:
+    """Every queue of the world's vhost that must end empty: all but the dead letters."""
+    names = set(await world.management.queue_names(world.vhost))
+    names.update(["expirations", *world.retry_queues])
+    return sorted(names - {DEAD_QUEUE})
+
+
+async def settle(world: World, expect: Expectation, timeout: float) -> bool:
     """Wait until no work is left: no due hold still held (but expected dead letters),
-    and the work and delay queues empty on two looks in a row."""
-    queues = ["expirations", *world.retry_queues]
+    and every queue but the dead letters empty, on two looks in a row.
+
+    Returns False when that did not happen within ``timeout`` seconds: the check that
+    follows then says what is wrong.
+    """
     quiet = 0
-    async with asyncio.timeout(timeout):
-        while quiet < 2:
-            await asyncio.sleep(0.5)
-            depths = await queue_depths(world.amqp_url, queues)
-            due = await still_due(world.database_url, expect.dead)
-            idle = depths is not None and not any(depths.values()) and due == 0
-            quiet = quiet + 1 if idle else 0
+    try:
+        async with asyncio.timeout(timeout):
+            while quiet < 2:
+                await asyncio.sleep(0.5)
+                depths = await queue_depths(world.amqp_url, await work_queues(world))
+                due = await still_due(world.database_url, expect.dead)
+                idle = depths is not None and not any(depths.values()) and due == 0
+                quiet = quiet + 1 if idle else 0
+    except TimeoutError:
+        return False
+    return True
 
 
 async def drain(amqp_url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
@@ -294,23 +311,27 @@ def reservation_of(message: aio_pika.abc.AbstractIncomingMessage) -> str:
     return "<unreadable>"
 
 
-async def verify(world: World, expect: Expectation) -> Outcome:
+async def verify(world: World, expect: Expectation, *, settled: bool = True) -> Outcome:
     """Check the invariant (see the module docstring); return the figures it found.
 
     Call it once every consumer has stopped, so nothing is unacked.
     """
     state, deleted = await _rows(world.database_url)
     problems = _violations(state, deleted, expect)
-    depths = await queue_depths(world.amqp_url, ["expirations", *world.retry_queues])
+    if not settled:
+        problems.append("the work did not settle in time")
+    depths = await queue_depths(world.amqp_url, await work_queues(world))
     assert depths is not None, "the broker does not answer"
     if any(depths.values()):
-        problems.append(f"work or delay queues not drained: {depths}")
-    dead = await drain(world.amqp_url, "expirations.dead")
+        problems.append(f"queues not drained: { {k: v for k, v in depths.items() if v} }")
+    dead = await drain(world.amqp_url, DEAD_QUEUE)
     found = Counter(reservation_of(m) for m in dead)
     wanted = Counter(str(i) for i in expect.dead)
     if found != wanted:
+        unexpected, missing = sorted((found - wanted).elements()), sorted(wanted - found)
         problems.append(
-            f"dead letters {dict(found - wanted)} unexpected, {dict(wanted - found)} missing"
+            f"{len(unexpected)} unexpected dead letters, e.g. {unexpected[:3]}; "
+            f"{len(missing)} expected ones missing, e.g. {missing[:3]}"
         )
     assert not problems, "invariant violated:\n  " + "\n  ".join(problems)
     expired = sum(1 for r in state.values() if r.status == "expired")

@@ -38,11 +38,12 @@ class LoadRun:
     kills: int = 0
     consumer_env: dict[str, str] = field(default_factory=dict)
 
-    async def start(self, consumers: int, scan_every: float = 1.0) -> None:
-        """Attach ``consumers``, then start the support side and the scanner."""
+    async def start(self, consumers: int, scan_every: float = 1.0, others: int = 0) -> None:
+        """Attach ``consumers`` (besides ``others`` started by the scenario), then start the
+        support side and the scanner."""
         for _ in range(consumers):
             self.consumers.append(await self.world.consumer(**self.consumer_env))
-        await wait_for_consumers(self.world.amqp_url, consumers)
+        await wait_for_consumers(self.world.amqp_url, consumers + others)
         self.started = time.monotonic()
         candidates = self.workload.support_candidates(self.rng)
         self.support = asyncio.create_task(support_side(self.world.database_url, candidates))
@@ -86,14 +87,23 @@ class LoadRun:
         assert self.support is not None
         return await self.support
 
-    async def finish(self) -> tuple[Expectation, float]:
-        """Wait until all work is done, stop everything with SIGTERM (exit 0), return the
-        expectation and the seconds the work took."""
+    async def finish(self, timeout: float | None = None) -> Finished:
+        """Wait until all work is done (or ``timeout``), stop everything with SIGTERM
+        (exit 0), and say what to expect."""
         expect = self.workload.expectation(await self.consumed())
-        await settle(self.world, expect, settle_timeout(self.workload.holds))
+        settled = await settle(self.world, expect, timeout or settle_timeout(self.workload.holds))
         seconds = time.monotonic() - self.started
         await stop_cleanly([p for p in (self.scanner, *self.consumers) if p is not None])
-        return expect, seconds
+        return Finished(expect, seconds, settled)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a run ended: what to expect, how long the work took, whether it settled."""
+
+    expect: Expectation
+    seconds: float
+    settled: bool
 
 
 async def stop_cleanly(processes: list[ServiceProcess]) -> None:

@@ -75,6 +75,13 @@ class Management:
         """Create or replace a policy."""
         await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
 
+    async def queue_names(self, vhost: str) -> list[str]:
+        """Every queue of ``vhost``."""
+        response = await self._call(
+            "GET", f"/queues/{quote(vhost, safe='')}", params={"columns": "name"}
+        )
+        return sorted(str(queue["name"]) for queue in response.json())
+
     async def clear_policy(self, vhost: str, name: str) -> None:
         """Remove a policy."""
         await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")
@@ -126,7 +133,7 @@ class World:
             "service.produce", "--every", str(every), name="scanner", env=env
         )
 
-    async def scan(self, timeout: float = 120.0, **overrides: str) -> ServiceProcess:
+    async def scan(self, timeout: float = 120.0, /, **overrides: str) -> ServiceProcess:
         """Run ``python -m service.produce --scan`` to completion."""
         env = self.env(EXPIRY_WORKER_ID="scan", **overrides)
         return await self.fleet.run(
