@@ -161,7 +161,7 @@ def setup_metrics(settings: Settings, role: str) -> MeterProvider | None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
         readers.append(PrometheusMetricReader())
-    if wanted == "otlp" or (wanted is None and settings.otel_endpoint):
+    if wanted == "otlp":  # explicit: many trace backends (Jaeger) take no metrics
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))

@@ -165,6 +165,7 @@ async def test_broker_accepts_the_shipped_password_hash(stack: Stack) -> None:
         await admin.delete_user(user)
 
 
+@pytest.mark.private_broker
 async def test_shipped_config_boots_a_node_that_loads_the_definitions(stack: Stack) -> None:
     """rabbitmq.conf + enabled_plugins + definitions.json, unchanged, boot a node: the
     definitions are loaded (no guest), the limits are set, the plugins answer, and the
