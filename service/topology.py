@@ -45,6 +45,11 @@ DELIVERY_LIMIT = 10
 # message, so its limit is set far above anything a replay could reach.
 DEAD_DELIVERY_LIMIT = 1000
 
+# Each quorum queue starts with this many replicas (capped at the cluster's
+# size), so on a three-node cluster every queue survives the loss of a node.
+# Set explicitly: RabbitMQ versions differ in their default.
+QUORUM_INITIAL_GROUP_SIZE = 3
+
 ArgValue = str | int
 T = TypeVar("T")
 
@@ -86,7 +91,11 @@ class Topology:
 
 
 def _quorum(**extra: ArgValue) -> dict[str, ArgValue]:
-    return {"x-queue-type": "quorum", **extra}
+    return {
+        "x-queue-type": "quorum",
+        "x-quorum-initial-group-size": QUORUM_INITIAL_GROUP_SIZE,
+        **extra,
+    }
 
 
 def _dead_letters_to(exchange: str, routing_key: str) -> dict[str, ArgValue]:
