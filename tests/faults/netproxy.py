@@ -317,6 +317,7 @@ class PgCommitCut:
 _PROTOCOL_HEADER = 8
 _FRAME_METHOD = 1
 _BASIC_PUBLISH = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish)
+_BASIC_ACK = b"\x00\x3c\x00\x50"  # class 60 (basic), method 80 (ack)
 
 
 class AmqpFrames:
@@ -375,3 +376,31 @@ class AmqpPublishTrap:
             link.hold_replies = True
         elif self.proxy is not None:
             self.proxy.cut()
+
+
+@dataclass(eq=False)
+class AmqpAckTrap:
+    """The client's first ``basic.ack`` after a ``basic.publish``: call ``fire`` and drop it.
+
+    A client that acks a delivery only after its own publish was confirmed (a replay)
+    is thereby stopped exactly between the confirmed publish and the ack.
+    """
+
+    fire: Callable[[], None] = lambda: None
+    armed: bool = True
+    published: bool = False
+    fired: bool = False
+    _parsers: dict[int, AmqpFrames] = field(default_factory=dict)
+
+    def __call__(self, link: Link, data: bytes) -> None:
+        parser = self._parsers.setdefault(link.number, AmqpFrames())
+        for kind, _channel, payload in parser.feed(data):
+            if kind != _FRAME_METHOD:
+                continue
+            if payload.startswith(_BASIC_PUBLISH):
+                self.published = True
+            elif self.armed and self.published and payload.startswith(_BASIC_ACK):
+                self.armed, self.fired = False, True
+                self.fire()
+                link.abort()
+                return

@@ -258,7 +258,7 @@ class PgCluster:
         _checked(result, f"pg_ctlcluster {self.version} {self.name} {action}")
 
     def create(self) -> None:
-        """Create the cluster (trust auth, listening on 127.0.0.1:port) and start it."""
+        """Create the cluster (trust auth, listening on localhost:port) and start it."""
         result = _run(
             [
                 "pg_createcluster",
@@ -266,8 +266,6 @@ class PgCluster:
                 self.name,
                 "--port",
                 str(self.port),
-                "-o",
-                "listen_addresses=127.0.0.1",
                 "-o",
                 "max_connections=200",
                 "--",

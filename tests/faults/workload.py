@@ -78,24 +78,56 @@ async def create_workload(url: str, due: int, future: int | None = None) -> Work
     return Workload(due_ids, future_ids)
 
 
+SUPPORT_APPLICATION = "fault-support"
+
+SUPPORT_WON_SQL = """
+SELECT DISTINCT reservation_id FROM fault_transitions
+ WHERE to_status = 'consumed' AND application = $1 AND reservation_id = ANY($2::uuid[])
+"""
+
+
 async def support_side(url: str, candidates: list[UUID], pause: float = 0.002) -> set[UUID]:
     """Consume ``candidates`` one by one with a guarded update; return those it won.
 
-    Stops quietly if the database goes away (a scenario may stop it).
+    Stops if the database goes away (a scenario may stop it); an update whose answer
+    was lost then is looked up afterwards in the transition table (by application name).
     """
     won: set[UUID] = set()
+    uncertain: list[UUID] = []
     try:
-        conn = await asyncpg.connect(url, timeout=5)
+        conn = await asyncpg.connect(
+            url, timeout=5, server_settings={"application_name": SUPPORT_APPLICATION}
+        )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
         return won
     try:
         for reservation_id in candidates:
+            uncertain = [reservation_id]
             if await conn.fetchval(CONSUME_SQL, reservation_id) is not None:
                 won.add(reservation_id)
+            uncertain = []
             await asyncio.sleep(pause)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
         pass
     finally:
         if not conn.is_closed():
             conn.terminate()
-    return won
+    return won | await _resolve(url, uncertain)
+
+
+async def _resolve(url: str, uncertain: list[UUID]) -> set[UUID]:
+    """Which of ``uncertain`` the support side did consume (waits for the database)."""
+    if not uncertain:
+        return set()
+    async with asyncio.timeout(120):
+        while True:
+            try:
+                conn = await asyncpg.connect(url, timeout=5)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                rows = await conn.fetch(SUPPORT_WON_SQL, SUPPORT_APPLICATION, uncertain)
+            finally:
+                await conn.close()
+            return {row["reservation_id"] for row in rows}

@@ -82,6 +82,12 @@ class Management:
         )
         return sorted(str(queue["name"]) for queue in response.json())
 
+    async def queue(self, vhost: str, name: str) -> dict[str, Any]:
+        """A queue's management view (counters refreshed every 500 ms on the private node)."""
+        response = await self._call("GET", f"/queues/{quote(vhost, safe='')}/{quote(name)}")
+        result: dict[str, Any] = response.json()
+        return result
+
     async def clear_policy(self, vhost: str, name: str) -> None:
         """Remove a policy."""
         await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")

@@ -1,0 +1,254 @@
+"""Scenarios 5, 6 and 8: the database stopped, cut during a commit, locked, or failing
+while the retry tier refuses publishes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+
+import asyncpg
+import pytest
+
+from tests.faults.checks import verify, wait_for_consumers
+from tests.faults.netproxy import PgCommitCut, fault_proxy
+from tests.faults.report import report
+from tests.faults.scenario import LoadRun, stop_cleanly
+from tests.faults.services import ServiceProcess
+from tests.faults.workload import create_workload, holds_from_environment
+from tests.faults.world import World
+
+pytestmark = pytest.mark.faults
+
+DB_DOWN_SECONDS = 8.0
+LOCKED_HOLDS = 20
+REFUSED_HOLDS = 20
+
+
+def without_tls(url: str) -> str:
+    """``url`` with TLS off, so that a proxy can read the protocol."""
+    return url + ("&" if "?" in url else "?") + "sslmode=disable"
+
+
+async def test_database_stopped_mid_stream(pg_world: World) -> None:
+    """The private PostgreSQL cluster stopped mid-stream: commands go round the delay tiers,
+    none is dead-lettered within the budget, all expire once it is back."""
+    world, cluster = pg_world, pg_world.cluster
+    assert cluster is not None
+    workload = await create_workload(world.database_url, holds_from_environment())
+    run = LoadRun(world, workload)
+    await run.start(consumers=3)
+    await run.reach(0.3)
+    await asyncio.to_thread(cluster.stop)
+    await asyncio.sleep(DB_DOWN_SECONDS)
+    await asyncio.to_thread(cluster.start)
+    end = await run.finish()
+    outcome = await verify(world, end.expect, settled=end.settled)
+    stats = world.fleet.consumer_stats()
+    retries = stats.named("expiry.retry")
+    tiers = Counter(int(e["delay_s"]) for e in retries)
+    assert len(tiers) >= 2, f"the retries did not go through the delay tiers: {tiers}"
+    report(
+        "5a database stopped",
+        holds=workload.holds,
+        seconds=end.seconds,
+        stats=stats,
+        dead_letters=len(outcome.dead_letters),
+        down_s=DB_DOWN_SECONDS,
+        retries_per_tier="/".join(f"{tier}s:{n}" for tier, n in sorted(tiers.items())),
+        max_attempt=max(int(e["attempt"]) for e in retries),
+        error_classes="/".join(
+            sorted({str(e["error_class"]) for e in stats.named("expiry.retry")})
+        ),
+    )
+
+
+async def _audit(url: str, reservation_id: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(
+            "SELECT attempt, worker FROM reservation_transitions WHERE reservation_id = $1",
+            reservation_id,
+        )
+    finally:
+        await conn.close()
+
+
+async def test_connection_cut_during_commit(world: World) -> None:
+    """The connection cut as the guarded update commits: the outcome is unknown to the
+    consumer, which does not ack it as done; the retry finds it done; one transition."""
+    workload = await create_workload(world.database_url, max(300, holds_from_environment() // 10))
+    cutter = PgCommitCut()
+    async with fault_proxy(world.database_url, 5432, cutter) as proxy:
+        run = LoadRun(world, workload)
+        run.consumer_env["DATABASE_URL"] = without_tls(proxy.url(world.database_url))
+        await run.start(consumers=1)
+        await run.reach(0.2)
+        cutter.armed = True
+        async with asyncio.timeout(30):
+            while cutter.fired is None or not cutter.fired.closed:
+                await asyncio.sleep(0.05)
+        end = await run.finish()
+    outcome = await verify(world, end.expect, settled=end.settled)
+    assert cutter.reservation_id is not None
+    cut = str(cutter.reservation_id)
+    # The commit happened: the audit row is the first attempt's...
+    assert [row["attempt"] for row in await _audit(world.database_url, cut)] == [1]
+    stats = world.fleet.consumer_stats()
+    lines = [(e["event"], e.get("attempt"), e.get("outcome")) for e in stats.for_reservation(cut)]
+    # ...but the consumer could not know: no outcome for attempt 1, a retry, then done.
+    assert lines == [
+        ("expiry.retry", 1, None),
+        ("expiry.outcome", 2, "already-done"),
+    ], lines
+    report(
+        "5b connection cut during commit",
+        holds=workload.holds,
+        seconds=end.seconds,
+        stats=stats,
+        dead_letters=len(outcome.dead_letters),
+        cut_reservation=cut[:8],
+        error_class=stats.named("expiry.retry")[0]["error_class"],
+    )
+
+
+async def test_row_lock_held_longer_than_the_lock_timeout(world: World) -> None:
+    """The support side holds row locks longer than the lock timeout while their commands
+    arrive: those are retried, then succeed (or find the hold consumed)."""
+    rng = random.Random(5)
+    workload = await create_workload(world.database_url, max(300, holds_from_environment() // 10))
+    locked = rng.sample(workload.due, LOCKED_HOLDS)
+    consumed = locked[: LOCKED_HOLDS // 2]
+    assert (await world.scan()).returncode == 0  # the commands wait in the queue
+    run = LoadRun(world, workload, rng=rng)
+    run.consumer_env["EXPIRY_LOCK_TIMEOUT_MS"] = "500"
+    support = await asyncpg.connect(world.database_url)
+    try:
+        async with support.transaction():
+            await support.execute(
+                "SELECT 1 FROM reservations WHERE id = ANY($1::uuid[]) FOR UPDATE", locked
+            )
+            await run.start(consumers=2)
+            async with asyncio.timeout(60):
+                while len({e["reservation_id"] for e in _lock_timeouts(world)}) < LOCKED_HOLDS:
+                    await asyncio.sleep(0.2)
+            held_for = time.monotonic() - run.started
+            await support.execute(
+                "UPDATE reservations SET status = 'consumed', updated_at = now() "
+                "WHERE id = ANY($1::uuid[]) AND status = 'held'",
+                consumed,
+            )
+    finally:
+        await support.close()
+    end = await run.finish()
+    end.expect.consumed.update(consumed)
+    outcome = await verify(world, end.expect, settled=end.settled)
+    stats = world.fleet.consumer_stats()
+    assert {e["reservation_id"] for e in _lock_timeouts(world)} == {str(i) for i in locked}
+    report(
+        "6 row lock past lock timeout",
+        holds=workload.holds,
+        seconds=end.seconds,
+        stats=stats,
+        dead_letters=len(outcome.dead_letters),
+        locked=LOCKED_HOLDS,
+        lock_held_s=f"{held_for:.1f}",
+        lock_timeouts=len(_lock_timeouts(world)),
+        not_eligible=stats.outcomes["not-eligible"],
+    )
+
+
+def _lock_timeouts(world: World) -> list[dict[str, object]]:
+    return [
+        e
+        for e in world.fleet.consumer_stats().named("expiry.retry")
+        if e["error_class"] == "db.timeout"
+    ]
+
+
+async def test_refused_retry_tier_while_the_database_fails(world: World) -> None:
+    """The delay tiers refuse publishes (max-length 0, reject-publish) while the database
+    fails: a command whose retry copy is refused is not acked and not lost; all expire
+    once both recover."""
+    workload = await create_workload(world.database_url, REFUSED_HOLDS, future=2)
+    async with fault_proxy(world.database_url, 5432) as db_proxy:
+        consumer = await world.consumer(DATABASE_URL=db_proxy.url(world.database_url))
+        await wait_for_consumers(world.amqp_url, 1)
+        await _refuse_retries(world)
+        db_proxy.cut()
+        started = time.monotonic()
+        assert (await world.scan()).returncode == 0
+        async with asyncio.timeout(30):
+            while len(_handled(consumer)) < REFUSED_HOLDS:
+                await asyncio.sleep(0.2)
+        refused = len(_events(consumer, "expiry.copy_failed"))
+        # Nothing acked away: every command is still in the work queue or a delay queue.
+        kept = await _messages(world, ["expirations", *world.retry_queues], REFUSED_HOLDS)
+        assert not _events(consumer, "expiry.outcome")
+        fault_lasted = time.monotonic() - started
+        await world.management.clear_policy(world.vhost, REFUSE)
+        db_proxy.restore()
+        async with asyncio.timeout(60):
+            while len(_events(consumer, "expiry.outcome")) < REFUSED_HOLDS:
+                await asyncio.sleep(0.2)
+        seconds = time.monotonic() - started
+        await stop_cleanly([consumer])
+    outcome = await verify(world, workload.expectation(set()))
+    assert refused > 0
+    report(
+        "8 retry tier refuses publishes",
+        holds=workload.holds,
+        seconds=seconds,
+        stats=world.fleet.consumer_stats(),
+        dead_letters=len(outcome.dead_letters),
+        copies_refused=refused,
+        copies_accepted=len(_events(consumer, "expiry.retry")),
+        kept_in_queues=kept,
+        fault_s=f"{fault_lasted:.1f}",
+    )
+
+
+REFUSE = "refuse-retries"
+
+
+async def _refuse_retries(world: World) -> None:
+    """Apply the max-length 0 / reject-publish policy to every delay queue, and wait for it."""
+    policy = {
+        "pattern": r"^expirations\.retry\.",
+        "apply-to": "queues",
+        "definition": {"max-length": 0, "overflow": "reject-publish"},
+    }
+    await world.management.set_policy(world.vhost, REFUSE, policy)
+    async with asyncio.timeout(30):
+        for queue in world.retry_queues:
+            while (await world.management.queue(world.vhost, queue)).get("policy") != REFUSE:
+                await asyncio.sleep(0.2)
+
+
+async def _messages(world: World, queues: list[str], expected: int) -> int:
+    """Wait until the management counters show ``expected`` messages (ready or unacked)
+    in ``queues``; return the count."""
+    total = -1
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10):
+            while total != expected:
+                await asyncio.sleep(0.5)
+                views = [await world.management.queue(world.vhost, q) for q in queues]
+                total = sum(int(view.get("messages", 0)) for view in views)
+    assert total == expected, f"{total} messages in {queues}, expected {expected}"
+    return total
+
+
+def _events(consumer: ServiceProcess, name: str) -> list[dict[str, object]]:
+    return [e for e in consumer.events() if e.get("event") == name]
+
+
+def _handled(consumer: ServiceProcess) -> set[object]:
+    """Reservations whose command failed at least once (copy refused or accepted)."""
+    return {
+        e["reservation_id"]
+        for e in consumer.events()
+        if e.get("event") in ("expiry.copy_failed", "expiry.retry")
+    }
