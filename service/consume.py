@@ -18,6 +18,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service import broker, db, telemetry
+from service.batch import Batcher
 from service.cli import run_command
 from service.errors import classify
 from service.handler import Consumer
@@ -38,6 +39,9 @@ log = logging.getLogger("service.consume")
 
 BACKLOG_REFRESH_SECONDS = 15.0
 READINESS_TIMEOUT_SECONDS = 2.0
+# Batches run in parallel on this many connections (the rest of the pool is
+# left for deliveries that fall back to their own transaction).
+BATCH_WORKERS = 2
 
 
 async def run(
@@ -79,6 +83,17 @@ async def _consume(
     record_channel = await connection.channel(publisher_confirms=False)
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
     in_flight = broker.InFlight()
+    batcher = (
+        Batcher(
+            pool,
+            worker=settings.worker_id,
+            size=settings.batch_size,
+            wait_ms=settings.batch_wait_ms,
+            workers=max(1, min(BATCH_WORKERS, settings.db_pool_size - 1)),
+        )
+        if settings.batch_size > 1
+        else None
+    )
     consumer = Consumer(
         settings,
         pool,
@@ -86,6 +101,7 @@ async def _consume(
         dead_exchange=await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False),
         in_flight=in_flight,
         metrics=metrics,
+        batcher=batcher,
     )
     work = declared.queues[QUEUE]
     dead_log = await record_channel.get_queue(DEAD_LOG_QUEUE, ensure=False)
@@ -106,6 +122,8 @@ async def _consume(
     if abandoned:
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
+    if batcher is not None:
+        await batcher.close()
     for channel in (publish_channel, record_channel, consume_channel):
         await channel.close()
 

@@ -166,6 +166,62 @@ async def expire_reservation(
     return Expiry(outcome_of(won=won, status=status, due=due), row["lag"])
 
 
+# The batched guarded update: rows are locked in id order (so two consumers
+# with overlapping batches never deadlock), the guard is the same as above, and
+# every winner writes its audit row; one row per distinct id comes back.
+EXPIRE_BATCH = """
+WITH batch AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[]) AS b (id, message_id, attempt)
+), locked AS (
+    SELECT r.id FROM reservations r JOIN batch b ON b.id = r.id
+     WHERE r.status = 'held' AND r.hold_until <= now()
+     ORDER BY r.id
+       FOR NO KEY UPDATE OF r
+), expired AS (
+    UPDATE reservations r
+       SET status = 'expired', updated_at = now()
+      FROM locked l
+     WHERE r.id = l.id AND r.status = 'held' AND r.hold_until <= now()
+ RETURNING r.id, extract(epoch FROM now() - r.hold_until)::float8 AS lag
+), audit AS (
+    INSERT INTO reservation_transitions
+           (reservation_id, from_status, to_status, message_id, attempt, worker)
+    SELECT e.id, 'held', 'expired', b.message_id, b.attempt, $4
+      FROM expired e JOIN batch b ON b.id = e.id
+)
+SELECT b.id, e.id IS NOT NULL AS won, e.lag, r.status, r.hold_until <= now() AS due
+  FROM batch b
+  LEFT JOIN expired e ON e.id = b.id
+  LEFT JOIN reservations r ON r.id = b.id
+"""
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """What the batched update saw and did for one reservation."""
+
+    won: bool
+    lag: float | None
+    status: str | None
+    due: bool
+
+
+async def expire_batch(
+    conn: Connection,
+    ids: Sequence[UUID],
+    message_ids: Sequence[str],
+    attempts: Sequence[int],
+    *,
+    worker: str,
+) -> dict[UUID, BatchRow]:
+    """Run the guarded transition for distinct ids in one statement (one transaction)."""
+    rows = await conn.fetch(EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), worker)
+    return {
+        row["id"]: BatchRow(bool(row["won"]), row["lag"], row["status"], bool(row["due"]))
+        for row in rows
+    }
+
+
 async def claim_due(
     conn: Connection, *, until: datetime, after: tuple[datetime, UUID], limit: int
 ) -> list[DueHold]:

@@ -101,3 +101,12 @@ def outcome_of(*, won: bool, status: str | None, due: bool) -> Outcome:
     # Held and due, yet the guarded update did not win: the row changed while
     # the update ran (a deadline moved, say). Try again later; never guess.
     raise ConcurrentUpdate
+
+
+def duplicate_outcome(first: Outcome) -> Outcome:
+    """What a second copy of a command in the same batch amounts to, given the first's outcome.
+
+    The same as handling the copies one after the other: once expired, the
+    next copy finds it already done; a hold not eligible stays not eligible.
+    """
+    return Outcome.NOT_ELIGIBLE if first is Outcome.NOT_ELIGIBLE else Outcome.ALREADY_DONE

@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
 from opentelemetry import trace
 
 from service import broker, db
+from service.batch import Batcher, BatchFallback
 from service.domain import Outcome, parse_command
 from service.errors import PublishNotConfirmed, ServiceError, classify
 from service.metrics import Metrics
@@ -94,9 +95,11 @@ class Consumer:
         dead_exchange: AbstractExchange,
         in_flight: broker.InFlight,
         metrics: Metrics,
+        batcher: Batcher | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.batcher = batcher
         self.pool = pool
         self.retry_exchange = retry_exchange
         self.dead_exchange = dead_exchange
@@ -139,7 +142,16 @@ class Consumer:
         _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
 
     async def expire(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
-        """The guarded update and its audit row, in one transaction."""
+        """The guarded update and its audit row: in a batch, or alone when that fails."""
+        if self.batcher is not None:
+            try:
+                return await self.batcher.submit(reservation_id, attempt.message_id, attempt.number)
+            except BatchFallback:
+                pass
+        return await self.expire_alone(reservation_id, attempt)
+
+    async def expire_alone(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
+        """The guarded update and its audit row, in a transaction of its own."""
         with tracer.start_as_current_span(
             "expire reservation", attributes={"db.system": "postgresql"}
         ) as span:

@@ -52,7 +52,9 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("AMQP_URL"),
     )
 
-    prefetch: PositiveInt = 50
+    prefetch: PositiveInt = 200
+    batch_size: PositiveInt = 100
+    batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
     retry_delays: Annotated[tuple[PositiveInt, ...], NoDecode] = (1, 5, 30, 120)
     max_attempts: PositiveInt = 10
     max_age_seconds: PositiveInt = 3600

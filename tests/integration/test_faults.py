@@ -147,7 +147,7 @@ async def test_broker_connection_lost_mid_update(
     """The broker drops the connection while an update waits on a row lock.
 
     The in-flight delivery is abandoned (never acked on the new channel), the
-    consumer comes back by itself, the redelivery expires the hold: one transition.
+    consumer comes back by itself, the redelivery settles it: one transition.
     """
     caplog.set_level(logging.INFO)
     [rid] = await insert_holds(stack.database_url, 1)
@@ -174,8 +174,11 @@ async def test_broker_connection_lost_mid_update(
         assert not task.done()
     assert await transitions_per_reservation(stack.database_url) == {rid: 1}
     assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    # The first delivery's task died with its channel: it never logged nor acked. Its
+    # update may still have committed (in a batch): then the redelivery finds it done.
     outcomes = [r.outcome for r in _events(caplog, "expiry.outcome")]  # type: ignore[attr-defined]
-    assert outcomes.count("expired") == 1
+    assert len(outcomes) == 1
+    assert outcomes[0] in ("expired", "already-done")
 
 
 async def test_consumer_moves_to_another_node_when_its_node_goes_away(

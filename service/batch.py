@@ -1,0 +1,155 @@
+"""Batched guarded updates: many deliveries, one statement, one commit.
+
+Deliveries are validated one by one (``handler.py``), then handed here. A
+worker gathers them (up to ``EXPIRY_BATCH_SIZE``, waiting at most
+``EXPIRY_BATCH_WAIT_MS`` and only while more keep arriving) and runs one
+set-based guarded update with its audit rows. Each delivery then gets its own
+outcome, and its own ack after that commit. If the batch fails as a whole,
+every delivery in it falls back to its own transaction, so that one bad
+message can never fail, retry or dead-letter its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from service import db
+from service.domain import duplicate_outcome, outcome_of
+from service.errors import ServiceError, UnknownReservation
+
+log = logging.getLogger("service.consume")
+tracer = trace.get_tracer("service.consume")
+
+
+class BatchFallback(ServiceError):
+    """This delivery must be handled on its own (its batch failed, or its result was ambiguous)."""
+
+
+@dataclass
+class Item:
+    """One validated delivery waiting for its batch."""
+
+    reservation_id: UUID
+    message_id: str
+    attempt: int
+    future: asyncio.Future[db.Expiry]
+    span_context: trace.SpanContext
+    context: otel_context.Context = field(default_factory=otel_context.get_current)
+
+
+def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> None:
+    """Give each item its outcome: the first copy of an id its row's, later copies theirs."""
+    first: dict[UUID, db.Expiry] = {}
+    for item in items:
+        if item.future.done():
+            continue
+        if item.reservation_id in first:
+            earlier = first[item.reservation_id]
+            item.future.set_result(db.Expiry(duplicate_outcome(earlier.outcome), None))
+            continue
+        row = rows.get(item.reservation_id)
+        try:
+            if row is None:
+                raise BatchFallback("no result for this reservation")
+            expiry = db.Expiry(outcome_of(won=row.won, status=row.status, due=row.due), row.lag)
+        except UnknownReservation as exc:
+            item.future.set_exception(exc)
+            continue
+        except ServiceError as exc:  # ambiguous (a concurrent change): decide it alone
+            item.future.set_exception(BatchFallback(str(exc)))
+            continue
+        first[item.reservation_id] = expiry
+        item.future.set_result(expiry)
+
+
+class Batcher:
+    """Gathers deliveries and runs their guarded updates together."""
+
+    def __init__(
+        self, pool: db.Pool, *, worker: str, size: int, wait_ms: float, workers: int
+    ) -> None:
+        self.pool = pool
+        self.worker = worker
+        self.size = size
+        self.wait = wait_ms / 1000
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
+
+    async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> db.Expiry:
+        """Wait for this delivery's outcome (raises ``BatchFallback`` to go it alone)."""
+        future: asyncio.Future[db.Expiry] = asyncio.get_running_loop().create_future()
+        span_context = trace.get_current_span().get_span_context()
+        self.queue.put_nowait(Item(reservation_id, message_id, attempt, future, span_context))
+        return await future
+
+    async def close(self) -> None:
+        """Stop the workers (call after the deliveries drained)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _gather(self) -> list[Item]:
+        batch = [await self.queue.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait
+        while len(batch) < self.size:
+            while len(batch) < self.size and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            if len(batch) >= self.size or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0)  # let the connection read what has arrived
+            if self.queue.empty():
+                break  # nothing more is coming right now: never wait on an empty queue
+        return batch
+
+    async def _work(self) -> None:
+        while True:
+            batch = await self._gather()
+            try:
+                await self.run(batch)
+            except asyncio.CancelledError:
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(BatchFallback("consumer stopping"))
+                raise
+
+    async def run(self, batch: list[Item]) -> None:
+        """One transaction for the batch; on failure every item falls back to its own."""
+        ids: dict[UUID, Item] = {}
+        for item in batch:
+            ids.setdefault(item.reservation_id, item)
+        parent = batch[0].context if len(batch) == 1 else otel_context.Context()
+        links = [trace.Link(item.span_context) for item in batch if item.span_context.is_valid]
+        with tracer.start_as_current_span(
+            "expire reservations",
+            context=parent,
+            links=links if len(batch) > 1 else None,
+            attributes={"db.system": "postgresql", "expiry.batch_size": len(batch)},
+        ):
+            try:
+                async with self.pool.acquire() as conn:
+                    rows = await db.expire_batch(
+                        conn,
+                        list(ids),
+                        [item.message_id for item in ids.values()],
+                        [item.attempt for item in ids.values()],
+                        worker=self.worker,
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "expiry.batch_failed",
+                    extra={"batch_size": len(batch), "error": type(exc).__name__},
+                )
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(BatchFallback("its batch failed"))
+                return
+        settle_items(batch, rows)

@@ -1,0 +1,148 @@
+"""The batched guarded update keeps every guarantee of the per-message path."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import pytest
+
+from service import db
+from service.batch import Batcher, BatchFallback
+from service.domain import Outcome, command_body
+from service.errors import UnknownReservation
+from tests.support import (
+    Stack,
+    drain_queue,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def batcher(stack: Stack) -> AsyncIterator[Batcher]:
+    """A batcher on the test's database: one worker, so each gathering is one batch."""
+    pool = await db.create_pool(stack.settings, application_name="test-batch", size=4)
+    batcher = Batcher(pool, worker="batch-test", size=50, wait_ms=50, workers=1)
+    try:
+        yield batcher
+    finally:
+        await batcher.close()
+        await pool.close()
+
+
+async def _submit_all(batcher: Batcher, ids: list[UUID]) -> list[db.Expiry | BaseException]:
+    return await asyncio.gather(
+        *(batcher.submit(rid, f"m-{i}", 1) for i, rid in enumerate(ids)), return_exceptions=True
+    )
+
+
+async def test_duplicates_in_one_batch_make_one_transition(stack: Stack, batcher: Batcher) -> None:
+    """The same command three times in one batch: expired once, then already-done twice."""
+    ids = await insert_holds(stack.database_url, 5)
+    results = await _submit_all(batcher, [ids[0], *ids, ids[0], ids[0]])
+    outcomes = [r.outcome for r in results if isinstance(r, db.Expiry)]
+    done = Outcome.ALREADY_DONE
+    assert outcomes == [Outcome.EXPIRED, done] + [Outcome.EXPIRED] * 4 + [done, done]
+    assert isinstance(results[0], db.Expiry)
+    assert results[0].lag_seconds is not None
+    transitions = await transitions_per_reservation(stack.database_url)
+    assert transitions == dict.fromkeys(ids, 1)
+
+
+async def test_consumed_and_future_holds_in_a_batch_of_due_ones(
+    stack: Stack, batcher: Batcher
+) -> None:
+    """Consumed and not-yet-due holds are not-eligible; their due neighbours expire."""
+    due = await insert_holds(stack.database_url, 4)
+    future = await insert_holds(stack.database_url, 2, due_in=3600)
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", due[0])
+    results = await _submit_all(batcher, [*due, *future])
+    outcomes = [r.outcome for r in results if isinstance(r, db.Expiry)]
+    assert outcomes == [Outcome.NOT_ELIGIBLE] + [Outcome.EXPIRED] * 3 + [Outcome.NOT_ELIGIBLE] * 2
+    assert await statuses(stack.database_url) == {"consumed": 1, "expired": 3, "held": 2}
+
+
+async def test_unknown_reservation_fails_only_its_own_delivery(
+    stack: Stack, batcher: Batcher
+) -> None:
+    """A command for a reservation that does not exist is unknown; the rest of the batch expires."""
+    ids = await insert_holds(stack.database_url, 3)
+    results = await _submit_all(batcher, [ids[0], uuid.uuid4(), ids[1], ids[2]])
+    assert isinstance(results[1], UnknownReservation)
+    assert [r.outcome for r in results if isinstance(r, db.Expiry)] == [Outcome.EXPIRED] * 3
+
+
+async def test_a_failing_batch_falls_back_to_one_transaction_each(
+    stack: Stack, batcher: Batcher
+) -> None:
+    """A row locked past the lock timeout fails the batch; every delivery goes it alone."""
+    ids = await insert_holds(stack.database_url, 4)
+    async with pg_connection(stack.database_url) as support:
+        tx = support.transaction()
+        await tx.start()
+        await support.execute("SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE", ids[2])
+        results = await _submit_all(batcher, ids)
+        await tx.rollback()
+    assert all(isinstance(r, BatchFallback) for r in results), results
+    assert await transitions_per_reservation(stack.database_url) == {}
+
+
+async def test_consumer_with_a_locked_row_in_its_batch(stack: Stack) -> None:
+    """End to end: the neighbours of a locked row expire at once; it expires after a retry."""
+    ids = await insert_holds(stack.database_url, 30)
+    async with (
+        pg_connection(stack.database_url) as support,
+        running_consumer(stack.settings) as task,
+    ):
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        tx = support.transaction()
+        await tx.start()
+        await support.execute("SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE", ids[7])
+        rows = await support.fetch("SELECT id, hold_until FROM reservations ORDER BY id")
+        await publish_raw(stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows])
+        await eventually(lambda: _expired(stack, 29), timeout=30)
+        await tx.rollback()
+        await eventually(lambda: _expired(stack, 30), timeout=30)
+    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def _expired(stack: Stack, count: int) -> bool:
+    return (await statuses(stack.database_url)).get("expired", 0) == count
+
+
+@pytest.mark.parametrize("batch_size", [1, 100])
+async def test_poison_and_duplicates_among_good_commands(stack: Stack, batch_size: int) -> None:
+    """Batch size 1 (the per-message path) and batched alike: poison dead, each hold once."""
+    ids = await insert_holds(stack.database_url, 40)
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT id, hold_until FROM reservations")
+    bodies = [command_body(r["id"], r["hold_until"]) for r in rows]
+    mixed = [*bodies[:20], b"{broken", *bodies, b"[]", *bodies[20:]]
+    settings = stack.settings.model_copy(update={"batch_size": batch_size})
+    async with running_consumer(settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await publish_raw(stack.amqp_url, mixed)
+        await eventually(lambda: _expired(stack, 40))
+        await eventually(lambda: _depth_is(stack, "expirations", 0))
+        await eventually(lambda: _depth_is(stack, "expirations.dead", 2))
+    assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(ids, 1)
+    dead = await drain_queue(stack.amqp_url, "expirations.dead")
+    assert sorted(m.body for m in dead) == [b"[]", b"{broken"]
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
