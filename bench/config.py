@@ -1,0 +1,67 @@
+"""Where the services are, and what one run measures (from the command line)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+MANAGEMENT_PORT = 15672
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The servers' admin endpoints; the benchmark creates its database and vhost beside them."""
+
+    database_url: str
+    amqp_url: str
+    management_url: str
+
+
+def endpoints_from(env: Mapping[str, str]) -> Endpoints:
+    """``DATABASE_URL``, ``AMQP_URL`` (its first node), ``RABBITMQ_MANAGEMENT_URL``; or defaults."""
+    amqp_url = (env.get("AMQP_URL") or DEFAULT_AMQP_URL).split(",")[0].strip()
+    return Endpoints(
+        database_url=env.get("DATABASE_URL") or DEFAULT_DATABASE_URL,
+        amqp_url=amqp_url,
+        management_url=env.get("RABBITMQ_MANAGEMENT_URL") or management_url_for(amqp_url),
+    )
+
+
+def management_url_for(amqp_url: str) -> str:
+    """The management API beside an AMQP node: same host and credentials, port 15672."""
+    parts = urlsplit(amqp_url)
+    user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
+    return f"http://{quote(user)}:{quote(password)}@{parts.hostname}:{MANAGEMENT_PORT}"
+
+
+def with_path(url: str, name: str) -> str:
+    """``url`` pointing at database or vhost ``name``."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{quote(name, safe='')}"))
+
+
+@dataclass(frozen=True)
+class Options:
+    """The sizes of one run."""
+
+    holds: int  # due holds per backlog run (scan, consume, raw limits)
+    repeat: int
+    consumers: tuple[int, ...]  # consumer processes of the batched runs
+    rate: int  # sustained run: holds due per second
+    duration: float  # sustained run: seconds over which they come due
+    scan_holds: int  # the scan's memory run
+    scan_every: float  # sustained run: the scan interval
+    quick: bool
+    json_path: Path | None
+
+    @property
+    def sustained_holds(self) -> int:
+        return round(self.rate * self.duration)
+
+    @property
+    def sustained_consumers(self) -> int:
+        return max(self.consumers)

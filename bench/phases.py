@@ -1,0 +1,268 @@
+"""The measurements: each one resets the database, runs real processes, reads the figures.
+
+Backlog method (the end-to-end rates): N due holds are placed and published by
+the real scan first, with no consumer running; then K consumers start, and the
+rate is the number expired over the time from the first to the last transition
+(``reservation_transitions.at``, the database's clock). The raw consume + ack is
+timed the same way: from its first delivery to its last ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import db
+from bench.amqp import Probe
+from bench.config import Options
+from bench.procs import Child, ChildFailed, Processes, Usage
+from bench.raw import Measured
+from service.topology import QUEUE
+
+SCAN_TIMEOUT_SECONDS = 900.0
+STALL_SECONDS = 60.0  # no expiry for this long: the run has failed
+POLL_SECONDS = 0.1
+BATCH_UPDATE_SIZE = 200
+SUSTAINED_LEAD_SECONDS = 1.0
+SCAN_LINE = re.compile(r"scan: published (?P<n>\d+) command\(s\) .* (?P<seconds>[0-9.]+)s$", re.M)
+PER_MESSAGE_ENV = {"EXPIRY_BATCH_SIZE": "1"}
+
+
+@dataclass(frozen=True)
+class ScanRun:
+    """One ``produce --scan`` of a backlog."""
+
+    published: int
+    seconds: float  # as the scan reports it: connecting, paging, publishing, confirms
+    usage: Usage  # the whole process, from wait4
+
+    @property
+    def rate(self) -> float:
+        return self.published / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ConsumeRun:
+    """K consumer processes working off a backlog (or a steady arrival)."""
+
+    consumers: int
+    window: db.Window
+    cpu_seconds: float  # all consumers, from attaching to the last expiry
+    peak_rss_mb: float  # the largest consumer's VmHWM
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU of one consumer process as a share of one core, over the window."""
+        busy = self.window.seconds * self.consumers
+        return self.cpu_seconds / busy if busy > 0 else 0.0
+
+    @property
+    def cpu_us_per_expiry(self) -> float:
+        return self.cpu_seconds / self.window.expired * 1e6 if self.window.expired else 0.0
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """The broker alone: publish with confirms, then consume + ack, in subprocesses."""
+
+    publish: Measured
+    consume: Measured
+    consume_usage: Usage
+
+
+@dataclass(frozen=True)
+class SustainedRun:
+    """Holds coming due at a steady rate, the scan on a timer, K consumers."""
+
+    lag: db.Lag
+    consume: ConsumeRun
+
+
+def scan_seconds(log: Path, fallback: float) -> tuple[int, float]:
+    """The published count and seconds from the scan's own report line."""
+    found = SCAN_LINE.search(log.read_text(errors="replace"))
+    if found is None:
+        return 0, fallback
+    return int(found["n"]), float(found["seconds"])
+
+
+def read_measured(path: Path) -> Measured:
+    """A ``bench.raw`` result file."""
+    data = json.loads(path.read_text())
+    return Measured(int(data["count"]), float(data["seconds"]), float(data["cpu_seconds"]))
+
+
+def total_cpu(before: Sequence[Usage], after: Sequence[Usage]) -> float:
+    """CPU seconds spent between two samples of the same processes."""
+    return sum(b.cpu_seconds - a.cpu_seconds for a, b in zip(before, after, strict=True))
+
+
+class Bench:
+    """Runs the measurements in the sandbox (its database, its vhost, its processes)."""
+
+    def __init__(
+        self,
+        options: Options,
+        conn: db.Connection,
+        probe: Probe,
+        procs: Processes,
+        amqp_url: str,
+        say: Callable[[str], None],
+    ) -> None:
+        self.options = options
+        self.conn = conn
+        self.probe = probe
+        self.procs = procs
+        self.amqp_url = amqp_url
+        self.say = say
+        self._runs = 0
+
+    def _name(self, what: str) -> str:
+        self._runs += 1
+        return f"{self._runs:03d}-{what}"
+
+    # -- the broker alone --------------------------------------------------------------
+
+    async def raw(self) -> RawRun:
+        """Publish N commands with confirms, then consume + ack them, with no database."""
+        await self.probe.delete_raw()
+        count = str(self.options.holds)
+        publish = await self._raw("raw-publish", "publish", "--count", count, "--window", "500")
+        consume = await self._raw(
+            "raw-consume", "consume", "--count", count, "--prefetch", "1000", "--ack-every", "100"
+        )
+        await self.probe.delete_raw()
+        return RawRun(read_measured(publish.log.with_suffix(".json")), *self._consumed(consume))
+
+    def _consumed(self, child: Child) -> tuple[Measured, Usage]:
+        return read_measured(child.log.with_suffix(".json")), child.usage()
+
+    async def _raw(self, what: str, *args: str) -> Child:
+        name = self._name(what)
+        out = self.procs.logs / f"{name}.json"
+        return await self.procs.run(
+            name,
+            "bench.raw",
+            *args,
+            "--url",
+            self.amqp_url,
+            "--out",
+            str(out),
+            timeout=SCAN_TIMEOUT_SECONDS,
+        )
+
+    # -- the database alone ------------------------------------------------------------
+
+    async def batched_update(self) -> Measured:
+        """The guarded update, 200 ids per statement, one connection, no broker."""
+        await db.reset(self.conn)
+        await db.insert_due(self.conn, self.options.holds)
+        expired, seconds = await db.batch_expire(
+            self.conn, batch_size=BATCH_UPDATE_SIZE, worker="bench-batched-update"
+        )
+        if expired != self.options.holds:
+            raise RuntimeError(f"batched update expired {expired} of {self.options.holds}")
+        return Measured(expired, seconds, 0.0)
+
+    # -- the service -------------------------------------------------------------------
+
+    async def scan(self, holds: int) -> ScanRun:
+        """Place ``holds`` due holds and run ``python -m service.produce --scan`` once."""
+        await db.reset(self.conn)
+        await db.insert_due(self.conn, holds)
+        started = time.monotonic()
+        child = await self.procs.run(
+            self._name("scan"), "service.produce", "--scan", timeout=SCAN_TIMEOUT_SECONDS
+        )
+        published, seconds = scan_seconds(child.log, time.monotonic() - started)
+        ready, _ = await self.probe.counts(QUEUE)
+        if published != holds or ready != holds:
+            raise RuntimeError(f"the scan published {published} of {holds} ({ready} queued)")
+        return ScanRun(published, seconds, child.usage())
+
+    async def backlog(
+        self, consumers: int, env: Mapping[str, str] | None = None
+    ) -> tuple[ScanRun, ConsumeRun]:
+        """The scan publishes N due holds, then K consumers work them off."""
+        scan = await self.scan(self.options.holds)
+        children = await self._consumers(consumers, env or {})
+        try:
+            run = await self._work_off(children, self.options.holds)
+        finally:
+            await self._stop(children)
+        return scan, run
+
+    async def sustained(self) -> SustainedRun:
+        """Holds due at ``rate``/s for ``duration`` s; the scan every ``scan_every`` s."""
+        options = self.options
+        await db.reset(self.conn)
+        children = await self._consumers(options.sustained_consumers, {})
+        scanner = self.procs.start(
+            self._name("scan-every"), "service.produce", "--every", f"{options.scan_every:g}"
+        )
+        try:
+            await self._first_scan(scanner, children)
+            await db.insert_spread(
+                self.conn, options.sustained_holds, lead=SUSTAINED_LEAD_SECONDS, rate=options.rate
+            )
+            run = await self._work_off(children, options.sustained_holds, also=[scanner])
+        finally:
+            await self._stop([scanner, *children])
+        return SustainedRun(await db.lag(self.conn), run)
+
+    async def _consumers(self, count: int, env: Mapping[str, str]) -> list[Child]:
+        children = [
+            self.procs.start(
+                self._name(f"consumer-{i}"),
+                "service.consume",
+                env={**env, "EXPIRY_WORKER_ID": f"bench-consumer-{i}"},
+            )
+            for i in range(1, count + 1)
+        ]
+        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
+            while (await self.probe.counts(QUEUE))[1] < count:
+                self.procs.check_alive(children)
+                await asyncio.sleep(POLL_SECONDS / 2)
+        return children
+
+    async def _first_scan(self, scanner: Child, children: Sequence[Child]) -> None:
+        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
+            while "scan: published" not in scanner.log.read_text(errors="replace"):
+                self.procs.check_alive([scanner, *children])
+                await asyncio.sleep(POLL_SECONDS)
+
+    async def _work_off(
+        self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
+    ) -> ConsumeRun:
+        """Wait until ``expected`` holds expired; the consumers' CPU over that time."""
+        before = [child.usage() for child in consumers]
+        await self._until_expired([*consumers, *also], expected)
+        after = [child.usage() for child in consumers]
+        return ConsumeRun(
+            len(consumers),
+            await db.expired_window(self.conn),
+            total_cpu(before, after),
+            max(usage.peak_rss_mb for usage in after),
+        )
+
+    async def _until_expired(self, children: Sequence[Child], expected: int) -> None:
+        done, progress_at = 0, time.monotonic()
+        while done < expected:
+            self.procs.check_alive(children)
+            now = await db.expired_count(self.conn)
+            if now > done:
+                done, progress_at = now, time.monotonic()
+            elif time.monotonic() - progress_at > STALL_SECONDS + self.options.duration:
+                raise ChildFailed(f"stalled: {done} of {expected} expired")
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _stop(self, children: Sequence[Child]) -> None:
+        codes = await self.procs.stop(children)
+        failed = {name: code for name, code in codes.items() if code != 0}
+        if failed:
+            raise ChildFailed(f"exit codes after SIGTERM: {failed}")

@@ -1,0 +1,188 @@
+"""One benchmark run: the repetitions, the figures they record, and the targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.config import Options
+from bench.phases import PER_MESSAGE_ENV, Bench, ConsumeRun, ScanRun
+from bench.report import Check, Results, below_check, ratio, ratio_check
+from service.settings import Settings
+
+Say = Callable[[str], None]
+
+MEMORY_LIMIT_MB = 150.0
+LAG_BUDGET_SECONDS = 2.0  # plus the scan interval
+
+
+def consumers_label(count: int) -> str:
+    return f"{count} consumer{'s' if count > 1 else ''}"
+
+
+def consumer_defaults() -> str:
+    """The consumer settings the service ships with (what the batched runs use)."""
+    fields = Settings.model_fields
+    parts = [
+        f"EXPIRY_PREFETCH={fields['prefetch'].default}",
+        f"EXPIRY_DB_POOL_SIZE={fields['db_pool_size'].default}",
+    ]
+    for name in ("batch_size", "batch_wait_ms"):
+        if name in fields:
+            parts.append(f"EXPIRY_{name.upper()}={fields[name].default}")
+    if "batch_size" not in fields:
+        parts.append("no EXPIRY_BATCH_SIZE in this version (both paths are per-message)")
+    return ", ".join(parts)
+
+
+def record_scan(results: Results, scan: ScanRun, say: Say) -> None:
+    results.add("scan.rate", "scan publish rate (produce --scan)", "/s", scan.rate)
+    results.add("scan.rss", "  scan peak RSS", "MB", scan.usage.peak_rss_mb)
+    say(
+        f"  scan             {scan.published:,} due holds in {scan.seconds:.2f}s: "
+        f"{scan.rate:,.0f}/s, peak RSS {scan.usage.peak_rss_mb:.0f} MB"
+    )
+
+
+def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say: Say) -> None:
+    results.add(f"e2e.{key}", f"end-to-end expirations/s, {label}", "/s", run.window.rate)
+    results.add(f"cpu.{key}", "  consumer CPU, share of one core", "%", run.cpu_share * 100)
+    results.add(f"cpu_us.{key}", "  consumer CPU per expiry", "us", run.cpu_us_per_expiry)
+    results.add(f"rss.{key}", "  consumer peak RSS", "MB", run.peak_rss_mb)
+    say(
+        f"  consume          {label}: {run.window.expired:,} in {run.window.seconds:.2f}s: "
+        f"{run.window.rate:,.0f}/s, CPU {run.cpu_share:.0%} of a core per process, "
+        f"{run.cpu_us_per_expiry:,.0f} us/expiry, peak RSS {run.peak_rss_mb:.0f} MB"
+    )
+
+
+async def limits(bench: Bench, results: Results, say: Say) -> None:
+    """The raw limits: the broker with no database, the database with no broker."""
+    raw = await bench.raw()
+    per_message = raw.consume.cpu_seconds / raw.consume.count * 1e6 if raw.consume.count else 0
+    results.add("raw.publish", "raw publish with confirms (window 500)", "/s", raw.publish.rate)
+    results.add(
+        "raw.consume", "raw consume + ack (prefetch 1000, multiple/100)", "/s", raw.consume.rate
+    )
+    results.add("raw.cpu_us", "  raw consumer CPU per message", "us", per_message)
+    results.add("raw.rss", "  raw consumer peak RSS", "MB", raw.consume_usage.peak_rss_mb)
+    say(
+        f"  raw publish      {raw.publish.count:,} with confirms in {raw.publish.seconds:.2f}s: "
+        f"{raw.publish.rate:,.0f}/s"
+    )
+    say(
+        f"  raw consume+ack  {raw.consume.count:,} in {raw.consume.seconds:.2f}s: "
+        f"{raw.consume.rate:,.0f}/s, {per_message:,.0f} us CPU/message"
+    )
+    update = await bench.batched_update()
+    results.add("db.batched", "batched guarded update, 200/statement, no broker", "/s", update.rate)
+    say(
+        f"  batched update   {update.count:,} in {update.seconds:.2f}s: {update.rate:,.0f}/s "
+        "(200 ids per statement, one connection)"
+    )
+
+
+async def service_runs(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """The real commands: batched consumers (each K), the per-message path, the sustained run."""
+    for count in options.consumers:
+        scan, run = await bench.backlog(count)
+        record_scan(results, scan, say)
+        record_consume(results, f"k{count}", f"{consumers_label(count)} (default)", run, say)
+    scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
+    record_scan(results, scan, say)
+    record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
+    await sustained(bench, options, results, say)
+
+
+async def sustained(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """Holds due at a steady rate; lag from deadline to expired."""
+    run = await bench.sustained()
+    lag, consume = run.lag, run.consume
+    achieved = lag.expired / lag.seconds if lag.seconds > 0 else 0.0
+    label = f"sustained {options.rate:,}/s, {consumers_label(consume.consumers)}"
+    results.add("lag.p50", f"{label}: lag p50", "s", lag.p50)
+    results.add("lag.p99", "  lag p99 (deadline to expired)", "s", lag.p99)
+    results.add("lag.max", "  lag max", "s", lag.max)
+    results.add("sustained.rate", "  expirations/s (first deadline to last expiry)", "/s", achieved)
+    results.add("sustained.cpu", "  consumer CPU, share of one core", "%", consume.cpu_share * 100)
+    results.add("sustained.rss", "  consumer peak RSS", "MB", consume.peak_rss_mb)
+    say(
+        f"  sustained        {lag.expired:,} holds due at {options.rate:,}/s over "
+        f"{options.duration:g}s, scan every {options.scan_every:g}s: lag p50 {lag.p50:.2f}s, "
+        f"p99 {lag.p99:.2f}s, max {lag.max:.2f}s; {achieved:,.0f}/s, "
+        f"CPU {consume.cpu_share:.0%} of a core per consumer"
+    )
+
+
+async def scan_memory(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """One scan of many due holds: its peak RSS."""
+    scan = await bench.scan(options.scan_holds)
+    await bench.probe.purge("expirations")
+    label = f"scan of {options.scan_holds:,} due holds"
+    results.add("scan_memory.rss", f"{label}: peak RSS", "MB", scan.usage.peak_rss_mb)
+    results.add("scan_memory.rate", "  publish rate", "/s", scan.rate)
+    say(
+        f"  {label}: {scan.seconds:.2f}s, {scan.rate:,.0f}/s, "
+        f"peak RSS {scan.usage.peak_rss_mb:.0f} MB"
+    )
+
+
+async def measure(bench: Bench, options: Options, say: Say) -> Results:
+    """Every repetition, then the scan's memory run."""
+    results = Results()
+    for number in range(1, options.repeat + 1):
+        say(f"\nrepetition {number}/{options.repeat}")
+        await limits(bench, results, say)
+        await service_runs(bench, options, results, say)
+    say("\nscan memory")
+    await scan_memory(bench, options, results, say)
+    return results
+
+
+def targets(results: Results, options: Options) -> list[Check]:
+    """The issue's targets, from the medians."""
+    checks = [
+        ratio_check(
+            results,
+            "end-to-end, 1 consumer vs per-message path",
+            "e2e.k1",
+            "e2e.per_message",
+            5,
+            times=True,
+        ),
+        ratio_check(
+            results, "end-to-end, 1 consumer vs raw consume + ack", "e2e.k1", "raw.consume", 0.7
+        ),
+    ]
+    checks += [
+        ratio_check(results, f"end-to-end, {count} consumers vs 1", f"e2e.k{count}", "e2e.k1", 1.0)
+        for count in options.consumers
+        if count > 1
+    ]
+    budget = LAG_BUDGET_SECONDS + options.scan_every
+    checks += [
+        ratio_check(results, "scan vs raw publish with confirms", "scan.rate", "raw.publish", 0.8),
+        below_check(
+            results,
+            f"scan peak RSS, {options.scan_holds:,} due holds",
+            "scan_memory.rss",
+            MEMORY_LIMIT_MB,
+            "MB",
+        ),
+        below_check(results, f"lag p99 at a sustained {options.rate:,}/s", "lag.p99", budget, "s"),
+    ]
+    return checks
+
+
+def other_ratios(results: Results) -> list[tuple[str, str]]:
+    """Ratios with no target: where the per-message path and the two limits stand."""
+    pairs = [
+        ("per-message path vs raw consume + ack", "e2e.per_message", "raw.consume"),
+        ("batched update (no broker) vs raw consume + ack", "db.batched", "raw.consume"),
+        ("end-to-end, 1 consumer vs batched update (no broker)", "e2e.k1", "db.batched"),
+        ("raw consume + ack vs raw publish with confirms", "raw.consume", "raw.publish"),
+    ]
+    shown = []
+    for what, top, bottom in pairs:
+        value = ratio(results, top, bottom)
+        shown.append((what, "n/a" if value is None else f"{value:.0%}"))
+    return shown
