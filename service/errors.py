@@ -39,6 +39,10 @@ class UnknownReservation(ServiceError):
     """The command names a reservation that does not exist."""
 
 
+class CrashLoop(ServiceError):
+    """The command killed every consumer that handled it."""
+
+
 class TransientError(ServiceError):
     """A database or broker hiccup; the command is retried."""
 
@@ -65,6 +69,7 @@ DB_CONFLICT = "db.conflict"
 DB_ERROR = "db.error"
 BROKER_UNAVAILABLE = "broker.unavailable"
 UNKNOWN_RESERVATION = "unknown-reservation"
+CONSUMER_CRASH = "consumer-crash"
 UNEXPECTED = "unexpected"
 
 _DB_CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError, ConcurrentUpdate)
@@ -91,6 +96,8 @@ def classify(exc: BaseException) -> tuple[Disposition, str]:
         return Disposition.PERMANENT, exc.error_class
     if isinstance(exc, UnknownReservation):
         return Disposition.PERMANENT, UNKNOWN_RESERVATION
+    if isinstance(exc, CrashLoop):
+        return Disposition.PERMANENT, CONSUMER_CRASH
     if isinstance(exc, _DB_CONFLICT):
         return Disposition.TRANSIENT, DB_CONFLICT
     if isinstance(exc, _DB_TIMEOUT):

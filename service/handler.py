@@ -24,7 +24,7 @@ from opentelemetry import trace
 from service import broker, db
 from service.batch import Batcher, BatchFallback
 from service.domain import Outcome, parse_command
-from service.errors import PublishNotConfirmed, ServiceError, classify
+from service.errors import CrashLoop, PublishNotConfirmed, ServiceError, classify
 from service.metrics import Metrics
 from service.records import (
     ATTEMPT_HEADER,
@@ -35,6 +35,7 @@ from service.records import (
     REASON_HEADER,
     WORKER_HEADER,
     header_int,
+    stable_message_id,
 )
 from service.retry import DeadLetter, Retry, RetryPolicy, decide
 from service.settings import Settings
@@ -50,6 +51,10 @@ REQUEUE_PAUSE_SECONDS = 1.0
 # handled, like a message that kills every consumer that takes it.
 FAILPOINT_EXIT_AFTER_COMMIT = "exit-after-commit"
 FAILPOINT_EXIT_ON = "exit-on:"
+# Counted attempts at a redelivered command before it is taken for one that
+# kills its consumer (each crash also returns the deliveries the consumer
+# held, one more delivery each, so this stays well under the delivery limit).
+CRASH_LIMIT = 2
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Consumer:
         self.settings = settings
         self.metrics = metrics
         self.batcher = batcher
+        self.quarantine = asyncio.Lock()
         self.pool = pool
         self.retry_exchange = retry_exchange
         self.dead_exchange = dead_exchange
@@ -127,8 +133,11 @@ class Consumer:
             command = parse_command(message.body)
             reservation_id = str(command.reservation_id)
             span.set_attribute("expiry.reservation_id", reservation_id)
-            self._failpoint(FAILPOINT_EXIT_ON + reservation_id)
-            expiry = await self.expire(command.reservation_id, attempt)
+            if message.redelivered:
+                expiry = await self.handle_suspect(command.reservation_id, attempt, message.body)
+            else:
+                self._failpoint(FAILPOINT_EXIT_ON + reservation_id)
+                expiry = await self.expire(command.reservation_id, attempt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -140,6 +149,28 @@ class Consumer:
         elapsed = time.monotonic() - started
         self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
         _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
+
+    async def handle_suspect(
+        self, reservation_id: UUID, attempt: Attempt, body: bytes
+    ) -> db.Expiry:
+        """A redelivered command: someone held it and did not settle it (maybe it killed them).
+
+        Suspects go one at a time and alone, each attempt counted in the database
+        first: past ``CRASH_LIMIT`` counted attempts the command is dead-lettered
+        (``CrashLoop``) instead of crashing consumers until the broker's delivery
+        limit, taking the deliveries they hold with it each time.
+        """
+        key = stable_message_id(None if attempt.message_id == "-" else attempt.message_id, body)
+        async with self.quarantine:
+            async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
+                handled = await db.mark_handling(conn, key)
+            if handled > CRASH_LIMIT:
+                raise CrashLoop(f"a consumer died handling it {handled - 1} times")
+            self._failpoint(FAILPOINT_EXIT_ON + str(reservation_id))
+            expiry = await self.expire_alone(reservation_id, attempt)
+            async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
+                await db.clear_handling(conn, key)
+            return expiry
 
     async def expire(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
         """The guarded update and its audit row: in a batch, or alone when that fails."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from service.domain import command_body
 from service.migrate import load_migrations
 from tests.support import (
     Stack,
+    drain_queue,
     eventually,
     insert_holds,
     pg_connection,
@@ -241,3 +243,43 @@ async def test_scan_on_a_timer_picks_up_new_holds_and_stops_on_sigterm(stack: St
 async def _leases_are(stack: Stack, count: int) -> bool:
     async with pg_connection(stack.database_url) as conn:
         return bool(await conn.fetchval("SELECT count(*) FROM publish_leases") == count)
+
+
+async def test_a_command_that_kills_its_consumer_is_dead_lettered_alone(stack: Stack) -> None:
+    """A message that kills every consumer handling it ends dead after a few crashes;
+    its prefetch neighbours, returned with it each time, all expire and none is dead."""
+    ids = await insert_holds(stack.database_url, 60)
+    poison = ids[10]
+    env = stack.env(EXPIRY_FAILPOINT=f"exit-on:{poison}", EXPIRY_PREFETCH="100")
+    assert run("service.produce", "--scan", env=stack.env()).returncode == 0
+    crashes = 0
+    async with asyncio.timeout(120):
+        while True:  # a supervisor restarting the consumer, as a container platform would
+            consumer = await start("service.consume", env=env)
+            await eventually(functools.partial(_exited_or_settled, stack, consumer), timeout=60)
+            if consumer.returncode is None:
+                code, output = await stop(consumer)
+                assert code == 0, output
+                break
+            code, _ = await stop(consumer, signal.SIGCONT)
+            assert code == 137
+            crashes += 1
+    assert crashes <= 4
+    assert await statuses(stack.database_url) == {"expired": 59, "held": 1}
+    await eventually(lambda: _dead_is(stack, 1))
+    dead = await drain_queue(stack.amqp_url, "expirations.dead")
+    assert [m.headers["x-expiry-error-class"] for m in dead] == ["consumer-crash"]
+    assert str(poison) in dead[0].body.decode()
+
+
+async def _exited_or_settled(stack: Stack, consumer: asyncio.subprocess.Process) -> bool:
+    return consumer.returncode is not None or await _settled(stack, 59)
+
+
+async def _settled(stack: Stack, expired: int) -> bool:
+    done = (await statuses(stack.database_url)).get("expired", 0) == expired
+    return done and await queue_depth(stack.amqp_url, "expirations.dead") == 1
+
+
+async def _dead_is(stack: Stack, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, "expirations.dead") == depth
