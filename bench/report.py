@@ -49,7 +49,7 @@ class Results:
     def as_json(self) -> dict[str, Any]:
         return {
             key: {
-                "label": fig.label,
+                "label": fig.label.strip(),
                 "unit": fig.unit,
                 "samples": fig.samples,
                 "min": fig.stats()[0],

@@ -1,0 +1,101 @@
+"""``python -m bench --quick`` as a user runs it: every figure, and nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.demo_support import database_exists, vhost_exists
+from tests.support import Endpoints
+
+pytestmark = pytest.mark.acceptance
+
+REPO = Path(__file__).resolve().parents[2]
+FIGURES = [
+    "raw.publish",
+    "raw.consume",
+    "raw.cpu_us",
+    "raw.rss",
+    "db.batched",
+    "scan.rate",
+    "scan.rss",
+    *(
+        f"{what}.{run}"
+        for run in ("k1", "k2", "per_message")
+        for what in ("e2e", "cpu", "cpu_us", "rss")
+    ),
+    "lag.p50",
+    "lag.p99",
+    "lag.max",
+    "sustained.rate",
+    "sustained.cpu",
+    "sustained.rss",
+    "scan_memory.rss",
+    "scan_memory.rate",
+]
+TARGET_LINE = re.compile(r"^  \[(  met  |NOT MET|  n/a  )\] (?P<what>.+?)\s{2,}(?P<value>\S+)")
+
+
+def run_bench(endpoints: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` against the test run's servers, from the repository root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
+    env |= {
+        "DATABASE_URL": endpoints.database_url,
+        "AMQP_URL": endpoints.amqp_url,
+        "RABBITMQ_MANAGEMENT_URL": endpoints.management_url,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def section(stdout: str, title: str) -> list[str]:
+    """The indented lines right after the line that starts with ``title``."""
+    _, _, rest = stdout.partition(f"\n{title}")
+    return list(itertools.takewhile(lambda line: line.startswith("  "), rest.splitlines()[1:]))
+
+
+async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
+    endpoints: Endpoints, tmp_path: Path
+) -> None:
+    """--quick: exit 0, every figure measured and printed, every target judged, no leftovers."""
+    figures_file = tmp_path / "bench.json"
+    result = await asyncio.to_thread(run_bench, endpoints, "--quick", "--json", str(figures_file))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    found = re.search(r"database and vhost (bench_[0-9a-f]{8}); logs (\S+)$", result.stdout, re.M)
+    assert found, result.stdout
+    name, logs = found[1], Path(found[2])
+    document = json.loads(figures_file.read_text())
+    assert list(document["figures"]) == FIGURES
+    table = section(result.stdout, "results (min / median / max")
+    for key, figure in document["figures"].items():
+        assert figure["samples"], key
+        assert any(figure["label"] in line for line in table), figure["label"]
+    assert document["machine"]["postgresql"]
+    assert document["machine"]["rabbitmq"]
+    targets = [TARGET_LINE.match(line) for line in section(result.stdout, "targets (medians)")]
+    assert len(targets) == 6
+    assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
+    ratios = section(result.stdout, "other ratios (medians)")
+    assert len(ratios) == 4
+    assert not any(line.endswith("n/a") for line in ratios)
+    assert f"removed the database and the vhost {name}" in result.stdout
+    assert not await database_exists(endpoints, name)
+    assert not await vhost_exists(endpoints, name)
+    assert not await asyncio.to_thread(logs.exists)
