@@ -98,7 +98,8 @@ READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations 
 
 
 # One keyset page of due, held reservations without a live lease, oldest
-# deadline first, locked so that an overlapping scan skips them.
+# deadline first, locked (until the claim commits) so that an overlapping scan
+# skips them.
 CLAIM_DUE = """
 SELECT r.id, r.hold_until
   FROM reservations r
@@ -112,15 +113,29 @@ SELECT r.id, r.hold_until
    FOR NO KEY UPDATE OF r SKIP LOCKED
 """
 
-RECORD_LEASES = """
+# A short claim: the page's rows are locked only for this statement's
+# transaction, so consumers never wait behind a scan that is publishing.
+CLAIM_LEASES = """
 INSERT INTO publish_leases (reservation_id, message_id, lease_until)
 SELECT id, message_id, clock_timestamp() + make_interval(secs => $3)
   FROM unnest($1::uuid[], $2::text[]) AS batch (id, message_id)
     ON CONFLICT (reservation_id) DO UPDATE
-   SET message_id = EXCLUDED.message_id,
-       lease_until = EXCLUDED.lease_until,
+   SET message_id = EXCLUDED.message_id, lease_until = EXCLUDED.lease_until
+"""
+
+# The broker confirmed these: the lease now runs for the full lease length.
+RECORD_LEASES = """
+UPDATE publish_leases
+   SET lease_until = clock_timestamp() + make_interval(secs => $2),
+       first_published = coalesce(first_published, clock_timestamp()),
        last_published = clock_timestamp(),
-       publish_count = publish_leases.publish_count + 1
+       publish_count = publish_count + 1
+ WHERE reservation_id = ANY($1::uuid[])
+"""
+
+# Not confirmed: let the claim lapse now, so that the next scan publishes again.
+RELEASE_CLAIMS = """
+UPDATE publish_leases SET lease_until = clock_timestamp() WHERE reservation_id = ANY($1::uuid[])
 """
 
 
@@ -250,11 +265,21 @@ async def claim_due(
     return [DueHold(id=row["id"], hold_until=row["hold_until"]) for row in rows]
 
 
-async def record_leases(
-    conn: Connection, ids: Sequence[UUID], message_ids: Sequence[str], *, lease_seconds: int
+async def claim_leases(
+    conn: Connection, ids: Sequence[UUID], message_ids: Sequence[str], *, claim_seconds: float
 ) -> None:
+    """Mark these holds as being published (a claim that lapses on its own)."""
+    await conn.execute(CLAIM_LEASES, list(ids), list(message_ids), claim_seconds)
+
+
+async def record_leases(conn: Connection, ids: Sequence[UUID], *, lease_seconds: int) -> None:
     """Record that these commands were confirmed by the broker."""
-    await conn.execute(RECORD_LEASES, list(ids), list(message_ids), float(lease_seconds))
+    await conn.execute(RECORD_LEASES, list(ids), float(lease_seconds))
+
+
+async def release_claims(conn: Connection, ids: Sequence[UUID]) -> None:
+    """These were not confirmed: the next scan may publish them again."""
+    await conn.execute(RELEASE_CLAIMS, list(ids))
 
 
 # Due held reservations by deadline age (width_bucket over the bounds in $1).

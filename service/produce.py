@@ -1,9 +1,10 @@
 """``python -m service.produce --scan``: publish a command for every due hold.
 
 One bounded pass, oldest deadline first, in keyset pages. Each page is locked
-(``FOR NO KEY UPDATE SKIP LOCKED``) so that overlapping scans split the work,
-published with confirms, and its leases recorded in the same transaction, only
-for the commands the broker confirmed.
+(``FOR NO KEY UPDATE SKIP LOCKED``, so that overlapping scans split the work)
+and claimed with a short lease in one short transaction; then published with
+confirms, one window for the page; then the lease of each confirmed command is
+extended, and the claims of the others lapse at once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, DeliveryMode
@@ -29,6 +32,9 @@ from service.topology import EXCHANGE, ROUTING_KEY, build_topology, declare_topo
 log = logging.getLogger("service.produce")
 
 APP_ID = "expiry-service"
+# A claim outlives the wait for confirms by this much; if the scan dies while
+# publishing, its claims lapse and the next scan publishes those holds again.
+CLAIM_MARGIN_SECONDS = 5.0
 
 
 @dataclass
@@ -82,27 +88,37 @@ async def scan_pass(
     result = ScanResult()
     until = await db.db_now(conn)
     cursor = (db.EPOCH_START, db.NIL_UUID)
-    while True:
+    while batch := await claim_page(conn, settings, until=until, after=cursor):
+        confirmed = await publish_batch(exchange, batch, settings.publish_timeout_seconds)
+        done = {hold.id for hold in confirmed}
+        failed = [hold.id for hold in batch if hold.id not in done]
         async with conn.transaction():
-            batch = await db.claim_due(
-                conn, until=until, after=cursor, limit=settings.scan_batch_size
-            )
-            if not batch:
-                break
-            confirmed = await publish_batch(exchange, batch, settings.publish_timeout_seconds)
             await db.record_leases(
-                conn,
-                [hold.id for hold in confirmed],
-                [message_id(hold.id, hold.hold_until) for hold in confirmed],
-                lease_seconds=settings.lease_seconds,
+                conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
             )
+            await db.release_claims(conn, failed)
         result.batches += 1
         result.published += len(confirmed)
-        result.failed += len(batch) - len(confirmed)
-        if result.failed or len(batch) < settings.scan_batch_size:
+        result.failed += len(failed)
+        if failed or len(batch) < settings.scan_batch_size:
             break
         cursor = (batch[-1].hold_until, batch[-1].id)
     return result
+
+
+async def claim_page(
+    conn: db.Connection, settings: Settings, *, until: datetime, after: tuple[datetime, UUID]
+) -> list[db.DueHold]:
+    """Lock the next page, claim it with a short lease, commit: locks last milliseconds."""
+    async with conn.transaction():
+        batch = await db.claim_due(conn, until=until, after=after, limit=settings.scan_batch_size)
+        await db.claim_leases(
+            conn,
+            [hold.id for hold in batch],
+            [message_id(hold.id, hold.hold_until) for hold in batch],
+            claim_seconds=settings.publish_timeout_seconds + CLAIM_MARGIN_SECONDS,
+        )
+    return batch
 
 
 async def publish_batch(

@@ -148,6 +148,9 @@ class Management:
     async def set_policy(self, vhost: str, name: str, body: dict[str, Any]) -> None:
         await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
 
+    async def delete_policy(self, vhost: str, name: str) -> None:
+        await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")
+
     async def close_connections(self, vhost: str) -> int:
         response = await self._call("GET", f"/vhosts/{quote(vhost, safe='')}/connections")
         names = [conn["name"] for conn in response.json()]

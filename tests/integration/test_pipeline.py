@@ -15,7 +15,7 @@ import pytest
 
 from service import produce
 from service.domain import command_body, message_id
-from service.errors import TopologyMismatch
+from service.errors import PublishNotConfirmed, TopologyMismatch
 from tests.support import (
     Stack,
     drain_queue,
@@ -307,3 +307,40 @@ async def test_due_is_decided_by_the_database_clock(stack: Stack) -> None:
     assert (await produce.scan(stack.settings)).published == 0
     await asyncio.sleep(2.2)
     assert (await produce.scan(stack.settings)).published == 5
+
+
+async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stack: Stack) -> None:
+    """The broker refuses the work queue's publishes: the scan fails, its claims lapse at once,
+    and the next scan publishes the same message ids."""
+    await insert_holds(stack.database_url, 5)
+    await produce.scan(stack.settings.model_copy(update={"scan_batch_size": 1}))  # declares
+    await drain_queue(stack.amqp_url, "expirations")
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("UPDATE publish_leases SET lease_until = now()")
+    await stack.management.set_policy(
+        stack.vhost,
+        "refuse-work",
+        {
+            "pattern": "^expirations$",
+            "apply-to": "queues",
+            "definition": {"max-length": 0, "overflow": "reject-publish"},
+        },
+    )
+    await eventually(lambda: _refuses(stack))
+    with pytest.raises(PublishNotConfirmed):
+        await produce.scan(stack.settings)
+    async with pg_connection(stack.database_url) as conn:
+        live = await conn.fetchval("SELECT count(*) FROM publish_leases WHERE lease_until > now()")
+    assert live <= 1  # a quorum queue lets one message past its limit
+    await stack.management.delete_policy(stack.vhost, "refuse-work")
+    await drain_queue(stack.amqp_url, "expirations")
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("UPDATE publish_leases SET lease_until = now()")
+    assert (await produce.scan(stack.settings)).published == 5
+    ids = {m.message_id for m in await drain_queue(stack.amqp_url, "expirations")}
+    assert len(ids) == 5
+
+
+async def _refuses(stack: Stack) -> bool:
+    info = await stack.management.queue(stack.vhost, "expirations")
+    return info.get("effective_policy_definition", {}).get("max-length") == 0
