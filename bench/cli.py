@@ -67,6 +67,13 @@ def _consumer_counts(text: str) -> tuple[int, ...]:
     return tuple(sorted(counts | {1}))  # 1 is the reference of every ratio
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name.startswith("EXPIRY_") or name == "EXPIRY_WORKER_ID":
+        raise argparse.ArgumentTypeError("EXPIRY_NAME=VALUE, e.g. EXPIRY_PREFETCH=500")
+    return name, value
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(
@@ -85,6 +92,14 @@ def parser() -> argparse.ArgumentParser:
     add("--rate", type=_positive(int), help=f"sustained: holds due per second ({FULL['rate']:,})")
     add("--duration", type=_positive(float), help=f"sustained: seconds ({FULL['duration']:g})")
     add("--scan-holds", type=_positive(int), help=f"memory scan ({FULL['scan_holds']:,})")
+    add(
+        "--env",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="EXPIRY_NAME=VALUE",
+        help="a service setting for every scan and consumer (repeatable); default: none",
+    )
     add("--quick", action="store_true", help="small sizes for a smoke run (one repetition)")
     add("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     add("--markdown", type=Path, metavar="FILE", help="write the tables as Markdown to FILE")
@@ -110,6 +125,7 @@ def options_from(args: argparse.Namespace) -> Options:
         scan_every=1.0,
         quick=args.quick,
         json_path=args.json,
+        overrides=tuple(args.env),
     )
 
 
@@ -122,6 +138,8 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
     for line in machine.lines():
         say(line)
     say(f"  consumer    service defaults: {run.consumer_defaults()}; EXPIRY_LOG_LEVEL=WARNING")
+    if options.overrides:
+        say(f"  overrides   {', '.join(f'{k}={v}' for k, v in options.overrides)}")
     say(f"  sandbox     database and vhost {sandbox.name}; logs {logs}")
     for line in METHOD:
         say(line)
@@ -165,7 +183,12 @@ async def measured(
     options: Options, sandbox: Sandbox, logs: Path
 ) -> tuple[Machine, report.Results]:
     """Create the sandbox, migrate it, measure; stop every process and remove the sandbox."""
-    env = child_env(os.environ, database_url=sandbox.database_url, amqp_url=sandbox.amqp_url)
+    env = child_env(
+        os.environ,
+        database_url=sandbox.database_url,
+        amqp_url=sandbox.amqp_url,
+        overrides=options.overrides,
+    )
     procs = Processes(env, logs)
     async with created(sandbox, say):
         try:

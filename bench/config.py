@@ -57,6 +57,7 @@ class Options:
     scan_every: float  # sustained run: the scan interval
     quick: bool
     json_path: Path | None
+    overrides: tuple[tuple[str, str], ...] = ()  # EXPIRY_* settings for every service process
 
     @property
     def sustained_holds(self) -> int:

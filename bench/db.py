@@ -39,6 +39,13 @@ SELECT count(*) AS n, coalesce(extract(epoch FROM max(at) - min(at)), 0)::float8
   FROM reservation_transitions WHERE to_status = 'expired'
 """
 
+# How far apart the consumers made their first expiry (they start as separate processes).
+START_SPREAD = """
+SELECT coalesce(extract(epoch FROM max(first) - min(first)), 0)::float8
+  FROM (SELECT min(at) AS first FROM reservation_transitions
+         WHERE to_status = 'expired' GROUP BY worker) AS workers
+"""
+
 # Deadline to expired, by the database's clock (``at`` is the transaction's now()).
 LAG = """
 SELECT count(*) AS n,
@@ -116,6 +123,12 @@ async def expired_window(conn: Connection) -> Window:
     row = await conn.fetchrow(EXPIRED_WINDOW)
     assert row is not None
     return Window(row["n"], row["seconds"])
+
+
+async def start_spread(conn: Connection) -> float:
+    """Seconds between the first consumer's first expiry and the last consumer's."""
+    value: float = await conn.fetchval(START_SPREAD)
+    return value
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import db
+from bench import cpu, db
 from bench.amqp import Probe
 from bench.config import Options
 from bench.procs import Child, ChildFailed, Processes, Usage
@@ -54,11 +54,13 @@ class ConsumeRun:
     window: db.Window
     cpu_seconds: float  # all consumers, from attaching to the last expiry
     peak_rss_mb: float  # the largest consumer's VmHWM
+    start_spread: float  # seconds between the consumers' first expiries
+    machine: cpu.Shares  # the same interval: the machine, PostgreSQL, RabbitMQ
 
     @property
     def cpu_share(self) -> float:
-        """CPU of one consumer process as a share of one core, over the window."""
-        busy = self.window.seconds * self.consumers
+        """CPU of one consumer process as a share of one core, from attaching to the end."""
+        busy = self.machine.seconds * self.consumers
         return self.cpu_seconds / busy if busy > 0 else 0.0
 
     @property
@@ -240,14 +242,16 @@ class Bench:
         self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
     ) -> ConsumeRun:
         """Wait until ``expected`` holds expired; the consumers' CPU over that time."""
-        before = [child.usage() for child in consumers]
+        before, machine = [child.usage() for child in consumers], cpu.snapshot()
         await self._until_expired([*consumers, *also], expected)
-        after = [child.usage() for child in consumers]
+        after, shares = [child.usage() for child in consumers], cpu.shares(machine, cpu.snapshot())
         return ConsumeRun(
             len(consumers),
             await db.expired_window(self.conn),
             total_cpu(before, after),
             max(usage.peak_rss_mb for usage in after),
+            await db.start_spread(self.conn),
+            shares,
         )
 
     async def _until_expired(self, children: Sequence[Child], expected: int) -> None:

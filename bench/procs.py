@@ -25,11 +25,18 @@ STOP_TIMEOUT_SECONDS = 60.0
 POLL_SECONDS = 0.05
 
 
-def child_env(environ: Mapping[str, str], *, database_url: str, amqp_url: str) -> dict[str, str]:
+def child_env(
+    environ: Mapping[str, str],
+    *,
+    database_url: str,
+    amqp_url: str,
+    overrides: Iterable[tuple[str, str]] = (),
+) -> dict[str, str]:
     """The children's environment: the service's defaults against the benchmark's sandbox.
 
-    No ``EXPIRY_*`` or ``OTEL_*`` variable of the caller's shell leaks in; the log
-    level is WARNING so that per-delivery log lines do not dominate the figures.
+    No ``EXPIRY_*`` or ``OTEL_*`` variable of the caller's shell leaks in (only the
+    ``overrides`` asked for on the command line); the log level is WARNING so that
+    per-delivery log lines do not dominate the figures.
     """
     env = {k: v for k, v in environ.items() if not k.startswith(("EXPIRY_", "OTEL_"))}
     env.update(
@@ -40,6 +47,7 @@ def child_env(environ: Mapping[str, str], *, database_url: str, amqp_url: str) -
         EXPIRY_HTTP_PORT="0",
         PYTHONUNBUFFERED="1",
     )
+    env.update(overrides)
     return env
 
 

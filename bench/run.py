@@ -48,10 +48,29 @@ def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say:
     results.add(f"cpu.{key}", "  consumer CPU, share of one core", "%", run.cpu_share * 100)
     results.add(f"cpu_us.{key}", "  consumer CPU per expiry", "us", run.cpu_us_per_expiry)
     results.add(f"rss.{key}", "  consumer peak RSS", "MB", run.peak_rss_mb)
+    record_machine(results, key, run)
     say(
         f"  consume          {label}: {run.window.expired:,} in {run.window.seconds:.2f}s: "
         f"{run.window.rate:,.0f}/s, CPU {run.cpu_share:.0%} of a core per process, "
         f"{run.cpu_us_per_expiry:,.0f} us/expiry, peak RSS {run.peak_rss_mb:.0f} MB"
+        + (f", first expiries {run.start_spread:.2f}s apart" if run.consumers > 1 else "")
+    )
+    say(f"                   {machine_line(run)}")
+
+
+def record_machine(results: Results, key: str, run: ConsumeRun) -> None:
+    shares = run.machine
+    results.add(f"machine.{key}", "  machine CPU busy, all cores", "%", shares.machine_busy * 100)
+    results.add(f"pg.{key}", "  PostgreSQL CPU, cores", "cores", shares.cores["postgresql"])
+    results.add(f"rmq.{key}", "  RabbitMQ CPU, cores", "cores", shares.cores["rabbitmq"])
+
+
+def machine_line(run: ConsumeRun) -> str:
+    shares = run.machine
+    return (
+        f"machine CPU {shares.machine_busy:.0%} busy: PostgreSQL "
+        f"{shares.cores['postgresql']:.2f} cores, RabbitMQ {shares.cores['rabbitmq']:.2f} cores, "
+        f"consumers {run.cpu_seconds / shares.seconds:.2f} cores"
     )
 
 
@@ -105,12 +124,14 @@ async def sustained(bench: Bench, options: Options, results: Results, say: Say) 
     results.add("sustained.rate", "  expirations/s (first deadline to last expiry)", "/s", achieved)
     results.add("sustained.cpu", "  consumer CPU, share of one core", "%", consume.cpu_share * 100)
     results.add("sustained.rss", "  consumer peak RSS", "MB", consume.peak_rss_mb)
+    record_machine(results, "sustained", consume)
     say(
         f"  sustained        {lag.expired:,} holds due at {options.rate:,}/s over "
         f"{options.duration:g}s, scan every {options.scan_every:g}s: lag p50 {lag.p50:.2f}s, "
         f"p99 {lag.p99:.2f}s, max {lag.max:.2f}s; {achieved:,.0f}/s, "
         f"CPU {consume.cpu_share:.0%} of a core per consumer"
     )
+    say(f"                   {machine_line(consume)}")
 
 
 async def scan_memory(bench: Bench, options: Options, results: Results, say: Say) -> None:

@@ -102,7 +102,7 @@ async def created(sandbox: Sandbox, say: Callable[[str], None]) -> AsyncIterator
     finally:
         drop = f'DROP DATABASE IF EXISTS "{sandbox.name}" WITH (FORCE)'
         await admin_sql(sandbox.endpoints.database_url, drop)
-    say(f"removed the database and the vhost {sandbox.name}")
+        say(f"removed the database and the vhost {sandbox.name}")
 
 
 async def admin_sql(url: str, statement: str) -> None:

@@ -19,6 +19,7 @@ from tests.support import Endpoints
 pytestmark = pytest.mark.acceptance
 
 REPO = Path(__file__).resolve().parents[2]
+RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine", "pg", "rmq")
 FIGURES = [
     "raw.publish",
     "raw.consume",
@@ -27,17 +28,14 @@ FIGURES = [
     "db.batched",
     "scan.rate",
     "scan.rss",
-    *(
-        f"{what}.{run}"
-        for run in ("k1", "k2", "per_message")
-        for what in ("e2e", "cpu", "cpu_us", "rss")
-    ),
+    *(f"{what}.{run}" for run in ("k1", "k2", "per_message") for what in RUN_FIGURES),
     "lag.p50",
     "lag.p99",
     "lag.max",
     "sustained.rate",
     "sustained.cpu",
     "sustained.rss",
+    *(f"{what}.sustained" for what in ("machine", "pg", "rmq")),
     "scan_memory.rss",
     "scan_memory.rate",
 ]
