@@ -273,43 +273,87 @@ def parse_bind(body: bytes) -> tuple[bytes, list[bytes | None]]:
     return statement, values
 
 
-def _uuid(value: bytes | None) -> UUID | None:
+def decode_uuids(value: bytes | None) -> list[UUID]:
+    """A binary ``uuid`` or ``uuid[]`` parameter (or a text uuid) as a list of UUIDs."""
     if value is None:
-        return None
-    return UUID(bytes=value) if len(value) == 16 else UUID(value.decode())
+        return []
+    if len(value) == 16:
+        return [UUID(bytes=value)]
+    if len(value) >= 12 and int.from_bytes(value[8:12], "big") == _UUID_OID:
+        dimensions = int.from_bytes(value[:4], "big")
+        offset = 12 + 8 * dimensions
+        found: list[UUID] = []
+        while offset + 4 <= len(value):
+            size = int.from_bytes(value[offset : offset + 4], "big", signed=True)
+            offset += 4
+            if size == 16:
+                found.append(UUID(bytes=value[offset : offset + 16]))
+            offset += max(size, 0)
+        return found
+    return [UUID(value.decode())]
+
+
+_UUID_OID = 2950
 
 
 @dataclass(eq=False)
 class PgCommitCut:
-    """When armed: lose the server's answer to the next guarded expire statement.
+    """When armed: lose the server's answer to the commit of the next guarded expire
+    statement (the single one or the batched one).
 
-    The client sends Bind, Execute and Sync together; the server commits at
-    Sync and only then flushes its answer. Dropping that answer and resetting
-    the connection leaves the client with a committed transaction whose
-    outcome it cannot know.
+    In autocommit the client sends Bind, Execute and Sync together and the server
+    commits at Sync before it flushes its answer; inside BEGIN ... COMMIT the
+    answer to COMMIT is the one lost. Either way the client is left with a
+    committed transaction whose outcome it cannot know.
     """
 
     armed: bool = False
     fired: Link | None = None
-    reservation_id: UUID | None = None
+    reservation_ids: list[UUID] = field(default_factory=list)
     _parsers: dict[int, PgFrontend] = field(default_factory=dict)
     _statements: dict[int, set[bytes]] = field(default_factory=dict)
+    _in_transaction: set[int] = field(default_factory=set)
+    _pending: dict[int, list[UUID]] = field(default_factory=dict)
 
     def __call__(self, link: Link, data: bytes) -> None:
         parser = self._parsers.setdefault(link.number, PgFrontend())
-        statements = self._statements.setdefault(link.number, set())
         for kind, body in parser.feed(data):
             if kind == b"P":
-                name, query = parse_statement(body)
-                if all(marker in query for marker in EXPIRE_MARKERS):
-                    statements.add(name)
+                self._on_parse(link, body)
+            elif kind == b"Q":
+                self._on_query(link, body)
             elif kind == b"B" and self.armed:
-                statement, values = parse_bind(body)
-                if statement in statements:
-                    self.armed = False
-                    self.fired = link
-                    self.reservation_id = _uuid(values[0] if values else None)
-                    link.cut_on_reply = True
+                self._on_bind(link, body)
+
+    def _on_parse(self, link: Link, body: bytes) -> None:
+        name, query = parse_statement(body)
+        if all(marker in query for marker in EXPIRE_MARKERS):
+            self._statements.setdefault(link.number, set()).add(name)
+
+    def _on_query(self, link: Link, body: bytes) -> None:
+        verb = body.lstrip().split(b" ", 1)[0].rstrip(b";\0").upper()
+        if verb in (b"BEGIN", b"START"):
+            self._in_transaction.add(link.number)
+        elif verb in (b"COMMIT", b"END", b"ROLLBACK", b"ABORT"):
+            self._in_transaction.discard(link.number)
+            pending = self._pending.pop(link.number, None)
+            if pending is not None and verb in (b"COMMIT", b"END"):
+                self._fire(link, pending)
+
+    def _on_bind(self, link: Link, body: bytes) -> None:
+        statement, values = parse_bind(body)
+        if statement not in self._statements.get(link.number, set()):
+            return
+        self.armed = False
+        ids = decode_uuids(values[0] if values else None)
+        if link.number in self._in_transaction:
+            self._pending[link.number] = ids
+        else:
+            self._fire(link, ids)
+
+    def _fire(self, link: Link, ids: list[UUID]) -> None:
+        self.fired, self.reservation_ids = link, ids
+        link.cut_on_reply = True
 
 
 # --- AMQP 0-9-1 frames --------------------------------------------------------
