@@ -28,6 +28,7 @@ class Machine:
     rabbitmq: str
     erlang: str
     packages: dict[str, str]
+    load_average: float  # 1-minute, at the start: other work on the machine skews the figures
 
     def lines(self) -> list[str]:
         """Human-readable, one fact per line."""
@@ -36,6 +37,7 @@ class Machine:
             f"  machine     {self.cpu}, {self.cores} cores, {self.memory_gb:.0f} GB, {self.system}",
             f"  versions    Python {self.python}, PostgreSQL {self.postgresql}, "
             f"RabbitMQ {self.rabbitmq} (Erlang {self.erlang}), {packages}",
+            f"  load        1-minute load average {self.load_average:.2f} at the start",
         ]
 
     def as_json(self) -> dict[str, Any]:
@@ -78,4 +80,5 @@ async def describe(conn: db.Connection, management: Management) -> Machine:
         rabbitmq=str(overview.get("rabbitmq_version", "?")),
         erlang=str(overview.get("erlang_version", "?")),
         packages={name: metadata.version(name) for name in PACKAGES},
+        load_average=os.getloadavg()[0],
     )
