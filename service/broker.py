@@ -115,7 +115,11 @@ async def open_confirm_channel(connection: AbstractRobustConnection) -> Abstract
 
 
 async def publish_confirmed(
-    exchange: AbstractExchange, message: AbstractMessage, routing_key: str, *, timeout: float
+    exchange: AbstractExchange,
+    message: AbstractMessage,
+    routing_key: str,
+    *,
+    timeout: float | None,
 ) -> None:
     """Publish mandatory and wait for the broker's confirm, or raise ``PublishNotConfirmed``."""
     try:
@@ -127,7 +131,7 @@ async def publish_confirmed(
     except (TimeoutError, asyncio.CancelledError) as exc:
         if isinstance(exc, asyncio.CancelledError) and _cancelling():
             raise
-        raise PublishNotConfirmed(f"no confirm within {timeout:g}s") from exc
+        raise PublishNotConfirmed(f"no confirm within {timeout or 0:g}s") from exc
     except (
         aiormq.exceptions.AMQPError,
         aiormq.exceptions.ChannelInvalidStateError,

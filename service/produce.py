@@ -124,23 +124,28 @@ async def claim_page(
 async def publish_batch(
     exchange: AbstractExchange, batch: list[db.DueHold], timeout: float
 ) -> list[db.DueHold]:
-    """Publish a page concurrently (one window of confirms); return the confirmed holds."""
-    outcomes = await asyncio.gather(
-        *(
-            broker.publish_confirmed(exchange, build_command(hold), ROUTING_KEY, timeout=timeout)
-            for hold in batch
-        ),
-        return_exceptions=True,
-    )
+    """Publish a page concurrently, one window of confirms with one deadline for the
+    whole window; return the holds whose commands the broker confirmed."""
+    tasks = [
+        asyncio.ensure_future(
+            broker.publish_confirmed(exchange, build_command(hold), ROUTING_KEY, timeout=None)
+        )
+        for hold in batch
+    ]
+    _done, late = await asyncio.wait(tasks, timeout=timeout)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
     confirmed: list[db.DueHold] = []
-    for hold, outcome in zip(batch, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
-            if not isinstance(outcome, PublishNotConfirmed):
-                raise outcome
+    for hold, task in zip(batch, tasks, strict=True):
+        error = None if task.cancelled() else task.exception()
+        if task.cancelled() or isinstance(error, PublishNotConfirmed):
+            reason = f"no confirm within {timeout:g}s" if task.cancelled() else str(error)
             log.warning(
-                "expiry.publish_failed",
-                extra={"reservation_id": str(hold.id), "reason": str(outcome)},
+                "expiry.publish_failed", extra={"reservation_id": str(hold.id), "reason": reason}
             )
+        elif error is not None:
+            raise error
         else:
             confirmed.append(hold)
     return confirmed
