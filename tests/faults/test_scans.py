@@ -32,11 +32,13 @@ def published(scan: ServiceProcess) -> int:
 
 
 async def leases(url: str) -> tuple[int, int]:
-    """(lease rows, the highest publish count)."""
+    """(leases of confirmed commands, the highest publish count); a claim whose publish
+    was never confirmed (publish count 0) is no lease."""
     conn = await asyncpg.connect(url)
     try:
         row = await conn.fetchrow(
-            "SELECT count(*) AS n, coalesce(max(publish_count), 0) AS top FROM publish_leases"
+            "SELECT count(*) FILTER (WHERE publish_count > 0) AS n,"
+            " coalesce(max(publish_count), 0) AS top FROM publish_leases"
         )
     finally:
         await conn.close()
