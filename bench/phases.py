@@ -83,6 +83,21 @@ class SustainedRun:
 
     lag: db.Lag
     consume: ConsumeRun
+    scan_passes: int  # passes that published something
+    scan_published: int
+    scan_seconds: float  # the sum of those passes' durations
+
+    @property
+    def scan_rate(self) -> float:
+        """The scan's publish rate while the consumers run."""
+        return self.scan_published / self.scan_seconds if self.scan_seconds > 0 else 0.0
+
+
+def scan_passes(log: Path) -> list[tuple[int, float]]:
+    """(published, seconds) of every pass of ``produce --every`` that published something."""
+    text = log.read_text(errors="replace")
+    found = ((int(m["n"]), float(m["seconds"])) for m in SCAN_LINE.finditer(text))
+    return [(n, seconds) for n, seconds in found if n > 0]
 
 
 def scan_seconds(log: Path, fallback: float) -> tuple[int, float]:
@@ -215,7 +230,14 @@ class Bench:
             run = await self._work_off(children, options.sustained_holds, also=[scanner])
         finally:
             await self._stop([scanner, *children])
-        return SustainedRun(await db.lag(self.conn), run)
+        passes = scan_passes(scanner.log)
+        return SustainedRun(
+            await db.lag(self.conn),
+            run,
+            len(passes),
+            sum(n for n, _ in passes),
+            sum(seconds for _, seconds in passes),
+        )
 
     async def _consumers(self, count: int, env: Mapping[str, str]) -> list[Child]:
         children = [

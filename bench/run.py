@@ -124,6 +124,7 @@ async def sustained(bench: Bench, options: Options, results: Results, say: Say) 
     results.add("sustained.rate", "  expirations/s (first deadline to last expiry)", "/s", achieved)
     results.add("sustained.cpu", "  consumer CPU, share of one core", "%", consume.cpu_share * 100)
     results.add("sustained.rss", "  consumer peak RSS", "MB", consume.peak_rss_mb)
+    results.add("sustained.scan", "  scan publish rate while consumers run", "/s", run.scan_rate)
     record_machine(results, "sustained", consume)
     say(
         f"  sustained        {lag.expired:,} holds due at {options.rate:,}/s over "
@@ -131,7 +132,10 @@ async def sustained(bench: Bench, options: Options, results: Results, say: Say) 
         f"p99 {lag.p99:.2f}s, max {lag.max:.2f}s; {achieved:,.0f}/s, "
         f"CPU {consume.cpu_share:.0%} of a core per consumer"
     )
-    say(f"                   {machine_line(consume)}")
+    say(
+        f"                   scan: {run.scan_passes} passes published {run.scan_published:,} "
+        f"at {run.scan_rate:,.0f}/s; {machine_line(consume)}"
+    )
 
 
 async def scan_memory(bench: Bench, options: Options, results: Results, say: Say) -> None:

@@ -35,6 +35,7 @@ FIGURES = [
     "sustained.rate",
     "sustained.cpu",
     "sustained.rss",
+    "sustained.scan",
     *(f"{what}.sustained" for what in ("machine", "pg", "rmq")),
     "scan_memory.rss",
     "scan_memory.rate",
