@@ -13,11 +13,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
 
-from bench import report, run
+from bench import cpu, report, run
 from bench.amqp import Probe
 from bench.config import Options, endpoints_from
 from bench.machine import Machine, describe
@@ -179,6 +180,13 @@ def write_outputs(
         args.markdown.write_text("\n".join(lines) + "\n")
 
 
+def local_servers(sandbox: Sandbox) -> cpu.Servers:
+    """The local PostgreSQL and RabbitMQ processes behind the sandbox's ports (if local)."""
+    database_port = urlsplit(sandbox.database_url).port or 5432
+    amqp_port = urlsplit(sandbox.amqp_url).port or 5672
+    return cpu.find_servers(database_port, amqp_port)
+
+
 async def measured(
     options: Options, sandbox: Sandbox, logs: Path
 ) -> tuple[Machine, report.Results]:
@@ -200,7 +208,8 @@ async def measured(
                 introduce(options, sandbox, machine, logs)
                 probe = Probe(connection)
                 await probe.declare_service_topology()
-                bench = Bench(options, conn, probe, procs, sandbox.amqp_url, say)
+                servers = local_servers(sandbox)
+                bench = Bench(options, conn, probe, procs, sandbox.amqp_url, servers, say)
                 return machine, await run.measure(bench, options, say)
             finally:
                 await connection.close()

@@ -1,20 +1,31 @@
 """Where the machine's CPU went during a measurement: the whole machine, PostgreSQL, RabbitMQ.
 
 Read from ``/proc``: the first line of ``/proc/stat`` for the machine, and the
-utime + stime of every process named ``postgres`` (server and backends) or
-``beam.smp`` (the Erlang VM of RabbitMQ). Processes that start or exit between
-two snapshots count only for the part both snapshots saw.
+utime + stime of the servers the benchmark talks to: the PostgreSQL postmaster
+listening on the database's port with its children (the backends), and the
+Erlang VM (``beam.smp``) listening on the AMQP port. Other clusters and nodes
+on the same machine do not count. A server that is not local (or whose
+sockets cannot be read) is left out. Processes that start or exit between two
+snapshots count only for the part both snapshots saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-GROUPS = {"postgres": "postgresql", "beam.smp": "rabbitmq"}
+LISTEN = "0A"
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The local processes of the servers: group name -> (its pid, whether its children count)."""
+
+    roots: dict[str, tuple[int, bool]]
 
 
 @dataclass(frozen=True)
@@ -29,11 +40,61 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Shares:
-    """CPU between two snapshots: the machine's busy share, and cores used per group."""
+    """CPU between two snapshots: the machine's busy share, and cores used per server."""
 
     seconds: float
     machine_busy: float  # 0..1 of all cores
-    cores: dict[str, float]  # group -> cores (1.0 = one core fully busy)
+    cores: dict[str, float]  # group -> cores (1.0 = one core fully busy); local servers only
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == LISTEN:
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(comm, ppid, utime + stime ticks) of a process, or ``None`` if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    return comm, int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def listener(port: int, comm: str) -> int | None:
+    """The pid of the process called ``comm`` that listens on TCP ``port``, if readable."""
+    sockets = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    for pid in _pids():
+        found = _stat(pid)
+        if not sockets or found is None or found[0] != comm:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                    return pid
+    return None
+
+
+def find_servers(database_port: int, amqp_port: int) -> Servers:
+    """The local PostgreSQL (with its backends) and RabbitMQ processes on these ports."""
+    roots: dict[str, tuple[int, bool]] = {}
+    if (postmaster := listener(database_port, "postgres")) is not None:
+        roots["postgresql"] = (postmaster, True)
+    if (beam := listener(amqp_port, "beam.smp")) is not None:
+        roots["rabbitmq"] = (beam, False)
+    return Servers(roots)
 
 
 def _machine() -> tuple[int, int]:
@@ -43,33 +104,27 @@ def _machine() -> tuple[int, int]:
     return total - idle, total
 
 
-def _process(pid: str) -> tuple[str, int] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-    group = GROUPS.get(comm)
-    if group is None:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return group, int(fields[11]) + int(fields[12])
-
-
-def snapshot() -> Snapshot:
+def snapshot(servers: Servers) -> Snapshot:
     """The machine's and the servers' CPU ticks now."""
+    groups = {pid: (group, children) for group, (pid, children) in servers.roots.items()}
     processes: dict[int, tuple[str, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (found := _process(entry)) is not None:
-            processes[int(entry)] = found
+    for pid in _pids() if groups else []:
+        found = _stat(pid)
+        if found is None:
+            continue
+        _, ppid, ticks = found
+        if pid in groups:
+            processes[pid] = (groups[pid][0], ticks)
+        elif ppid in groups and groups[ppid][1]:
+            processes[pid] = (groups[ppid][0], ticks)
     busy, total = _machine()
     return Snapshot(time.monotonic(), busy, total, processes)
 
 
-def shares(before: Snapshot, after: Snapshot) -> Shares:
+def shares(servers: Servers, before: Snapshot, after: Snapshot) -> Shares:
     """CPU used between two snapshots."""
     seconds = after.at - before.at
-    cores = dict.fromkeys(GROUPS.values(), 0.0)
+    cores = dict.fromkeys(servers.roots, 0.0)
     for pid, (group, ticks) in after.processes.items():
         start = before.processes.get(pid, (group, ticks))[1]
         cores[group] += (ticks - start) / CLOCK_TICKS / seconds if seconds > 0 else 0.0

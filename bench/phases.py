@@ -129,6 +129,7 @@ class Bench:
         probe: Probe,
         procs: Processes,
         amqp_url: str,
+        servers: cpu.Servers,
         say: Callable[[str], None],
     ) -> None:
         self.options = options
@@ -136,6 +137,7 @@ class Bench:
         self.probe = probe
         self.procs = procs
         self.amqp_url = amqp_url
+        self.servers = servers
         self.say = say
         self._runs = 0
 
@@ -264,9 +266,10 @@ class Bench:
         self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
     ) -> ConsumeRun:
         """Wait until ``expected`` holds expired; the consumers' CPU over that time."""
-        before, machine = [child.usage() for child in consumers], cpu.snapshot()
+        before, machine = [child.usage() for child in consumers], cpu.snapshot(self.servers)
         await self._until_expired([*consumers, *also], expected)
-        after, shares = [child.usage() for child in consumers], cpu.shares(machine, cpu.snapshot())
+        after = [child.usage() for child in consumers]
+        shares = cpu.shares(self.servers, machine, cpu.snapshot(self.servers))
         return ConsumeRun(
             len(consumers),
             await db.expired_window(self.conn),

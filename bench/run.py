@@ -58,18 +58,24 @@ def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say:
     say(f"                   {machine_line(run)}")
 
 
+SERVERS = {"postgresql": ("pg", "PostgreSQL"), "rabbitmq": ("rmq", "RabbitMQ")}
+
+
 def record_machine(results: Results, key: str, run: ConsumeRun) -> None:
     shares = run.machine
     results.add(f"machine.{key}", "  machine CPU busy, all cores", "%", shares.machine_busy * 100)
-    results.add(f"pg.{key}", "  PostgreSQL CPU, cores", "cores", shares.cores["postgresql"])
-    results.add(f"rmq.{key}", "  RabbitMQ CPU, cores", "cores", shares.cores["rabbitmq"])
+    for group, cores in shares.cores.items():
+        prefix, name = SERVERS[group]
+        results.add(f"{prefix}.{key}", f"  {name} CPU, cores", "cores", cores)
 
 
 def machine_line(run: ConsumeRun) -> str:
     shares = run.machine
+    servers = "".join(
+        f"{SERVERS[group][1]} {cores:.2f} cores, " for group, cores in shares.cores.items()
+    )
     return (
-        f"machine CPU {shares.machine_busy:.0%} busy: PostgreSQL "
-        f"{shares.cores['postgresql']:.2f} cores, RabbitMQ {shares.cores['rabbitmq']:.2f} cores, "
+        f"machine CPU {shares.machine_busy:.0%} busy: {servers}"
         f"consumers {run.cpu_seconds / shares.seconds:.2f} cores"
     )
 

@@ -19,7 +19,7 @@ from tests.support import Endpoints
 pytestmark = pytest.mark.acceptance
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine", "pg", "rmq")
+RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine")
 FIGURES = [
     "raw.publish",
     "raw.consume",
@@ -36,7 +36,7 @@ FIGURES = [
     "sustained.cpu",
     "sustained.rss",
     "sustained.scan",
-    *(f"{what}.sustained" for what in ("machine", "pg", "rmq")),
+    "machine.sustained",
     "scan_memory.rss",
     "scan_memory.rate",
 ]
@@ -81,7 +81,9 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert found, result.stdout
     name, logs = found[1], Path(found[2])
     document = json.loads(figures_file.read_text())
-    assert list(document["figures"]) == FIGURES
+    # PostgreSQL's and RabbitMQ's own CPU are there only when those servers are local.
+    measured = [key for key in document["figures"] if not key.startswith(("pg.", "rmq."))]
+    assert measured == FIGURES
     table = section(result.stdout, "results (min / median / max")
     for key, figure in document["figures"].items():
         assert figure["samples"], key
