@@ -61,9 +61,9 @@ class LoadRun:
             await conn.close()
         return done / max(1, len(self.workload.due))
 
-    async def reach(self, fraction: float, timeout: float = 120.0) -> None:
+    async def reach(self, fraction: float) -> None:
         """Wait until ``fraction`` of the due holds are done."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(settle_timeout(self.workload.holds)):
             while (done := await self.progress()) is None or done < fraction:
                 await asyncio.sleep(0.05)
 

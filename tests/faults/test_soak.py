@@ -29,6 +29,7 @@ def schedule(rng: random.Random, holds: int) -> list[tuple[float, str]]:
 async def restart_broker(run: LoadRun) -> float:
     """stop_app, a short outage, start_app; wait until every consumer is back; seconds."""
     node = run.world.node
+    await wait_for_consumers(run.world.amqp_url, len(run.live), timeout=60)
     await asyncio.to_thread(node.stop_app)
     await asyncio.sleep(OUTAGE_SECONDS)
     await asyncio.to_thread(node.start_app)
