@@ -176,7 +176,13 @@ def write_outputs(
         }
         options.json_path.write_text(json.dumps(document, indent=2) + "\n")
     if args.markdown is not None:
-        lines = [*report.markdown_table(results), "", *report.markdown_checks(checks)]
+        lines = [
+            *(line.strip() + "  " for line in machine.lines()),
+            "",
+            *report.markdown_table(results),
+            "",
+            *report.markdown_checks(checks),
+        ]
         args.markdown.write_text("\n".join(lines) + "\n")
 
 
