@@ -1,0 +1,213 @@
+"""What the test reads: the cluster through a node's management API, the database directly.
+
+The database check is independent of the service: a trigger that the test
+installs counts every status change (and any delete) of ``reservations``
+into ``cluster_transitions``, beside the service's own audit trail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+import asyncpg
+import httpx
+
+from tests.cluster.nodes import ClusterNode
+
+QUEUE = "expirations"
+DEAD_QUEUE = "expirations.dead"
+
+
+async def management_call(
+    node: ClusterNode, method: str, path: str, *, json: Any = None, **params: str
+) -> Any:
+    """``<method> /api<path>`` on ``node``'s management API; the answer's JSON, if any."""
+    async with httpx.AsyncClient(
+        base_url=node.management_url, auth=("guest", "guest"), timeout=10
+    ) as client:
+        response = await client.request(method, f"/api{path}", params=params, json=json)
+    response.raise_for_status()
+    return response.json() if response.content else None
+
+
+async def create_vhost(node: ClusterNode, vhost: str) -> None:
+    """Create ``vhost`` and give guest every permission on it."""
+    name = quote(vhost, safe="")
+    await management_call(node, "PUT", f"/vhosts/{name}", json={})
+    permissions = {"configure": ".*", "write": ".*", "read": ".*"}
+    await management_call(node, "PUT", f"/permissions/{name}/guest", json=permissions)
+
+
+async def queue_view(node: ClusterNode, vhost: str, name: str) -> dict[str, Any]:
+    """One queue of ``vhost``, as ``node`` reports it."""
+    path = f"/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
+    view: dict[str, Any] = await management_call(node, "GET", path)
+    return view
+
+
+async def queue_views(node: ClusterNode, vhost: str) -> list[dict[str, Any]]:
+    """Every queue of ``vhost``."""
+    views: list[dict[str, Any]] = await management_call(
+        node, "GET", f"/queues/{quote(vhost, safe='')}"
+    )
+    return views
+
+
+def leader(view: dict[str, Any]) -> str:
+    """The node that leads a quorum queue (``leader``; ``node`` on older brokers)."""
+    return str(view.get("leader") or view["node"])
+
+
+async def connection_nodes(node: ClusterNode, vhost: str, prefix: str) -> dict[str, str]:
+    """The node of every client connection to ``vhost`` whose name starts with ``prefix``."""
+    found = await management_call(
+        node,
+        "GET",
+        f"/vhosts/{quote(vhost, safe='')}/connections",
+        columns="client_properties,node",
+    )
+    nodes: dict[str, str] = {}
+    for connection in found:
+        name = str(connection.get("client_properties", {}).get("connection_name", ""))
+        if name.startswith(prefix):
+            nodes[name] = str(connection["node"])
+    return nodes
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], *, timeout: float, every: float = 0.25
+) -> None:
+    """Wait until ``check()`` is true (an HTTP error counts as false), at most ``timeout``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if await check():
+                    return
+            await asyncio.sleep(every)
+
+
+TRIGGER_SQL = """
+CREATE TABLE cluster_transitions (
+    id              bigserial PRIMARY KEY,
+    reservation_id  uuid NOT NULL,
+    from_status     text NOT NULL,
+    to_status       text NOT NULL,
+    at              timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE FUNCTION cluster_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO cluster_transitions (reservation_id, from_status, to_status)
+        VALUES (OLD.id, OLD.status, 'deleted');
+        RETURN OLD;
+    END IF;
+    INSERT INTO cluster_transitions (reservation_id, from_status, to_status)
+    VALUES (NEW.id, OLD.status, NEW.status);
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER cluster_transitions_on_update AFTER UPDATE ON reservations
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION cluster_record_transition();
+CREATE TRIGGER cluster_transitions_on_delete AFTER DELETE ON reservations
+    FOR EACH ROW EXECUTE FUNCTION cluster_record_transition();
+"""
+
+# Due one second ago for the first, ``spread`` seconds from now for the last,
+# evenly in between: the scan keeps publishing while the consumers work.
+INSERT_SPREAD = """
+INSERT INTO reservations (id, hold_until)
+SELECT gen_random_uuid(), now() + make_interval(secs => -1 + $2 * g / $1::float8)
+  FROM generate_series(1, $1) AS g
+RETURNING id
+"""
+
+STATE_SQL = """
+SELECT r.id, r.status,
+       (SELECT count(*) FROM reservation_transitions a
+         WHERE a.reservation_id = r.id) AS audited,
+       (SELECT count(*) FROM cluster_transitions t
+         WHERE t.reservation_id = r.id) AS changes,
+       (SELECT count(*) FROM cluster_transitions t
+         WHERE t.reservation_id = r.id AND t.from_status = 'held'
+           AND t.to_status = 'expired') AS expirations
+  FROM reservations r
+"""
+
+
+async def execute(url: str, statement: str) -> None:
+    """Run one statement on its own connection."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def insert_spread_holds(url: str, count: int, spread: float) -> list[UUID]:
+    """Insert ``count`` held reservations falling due over the next ``spread`` seconds."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(INSERT_SPREAD, count, spread)
+    finally:
+        await conn.close()
+    return [row["id"] for row in rows]
+
+
+async def fetch_value(url: str, query: str) -> int:
+    """One integer from the database."""
+    conn = await asyncpg.connect(url)
+    try:
+        value = await conn.fetchval(query)
+    finally:
+        await conn.close()
+    return int(value or 0)
+
+
+async def expired_count(url: str) -> int:
+    """How many reservations are expired."""
+    return await fetch_value(url, "SELECT count(*) FROM reservations WHERE status = 'expired'")
+
+
+@dataclass(frozen=True)
+class EndState:
+    """Where every hold ended, by the service's audit trail and by the test's trigger."""
+
+    statuses: dict[str, int]
+    not_once_audited: list[UUID]  # not exactly one row in reservation_transitions
+    not_once_expired: list[UUID]  # not exactly one held -> expired change, or other changes
+    dead_letter_records: int
+    republished: int  # holds whose command the broker confirmed more than once
+
+
+async def end_state(url: str) -> EndState:
+    """Read the end state of every reservation."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(STATE_SQL)
+        records = await conn.fetchval("SELECT count(*) FROM dead_letters")
+        republished = await conn.fetchval(
+            "SELECT count(*) FROM publish_leases WHERE publish_count > 1"
+        )
+    finally:
+        await conn.close()
+    statuses: dict[str, int] = {}
+    for row in rows:
+        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+    return EndState(
+        statuses=statuses,
+        not_once_audited=[row["id"] for row in rows if row["audited"] != 1],
+        not_once_expired=[
+            row["id"] for row in rows if (row["expirations"], row["changes"]) != (1, 1)
+        ],
+        dead_letter_records=int(records),
+        republished=int(republished),
+    )

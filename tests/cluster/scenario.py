@@ -1,0 +1,427 @@
+"""The cluster scenario's steps: declare, load, take the leader's node away, watch the rest.
+
+``AMQP_URL`` names all three nodes, the work queue's leader first, so that
+every consumer and the scanner start on the node that goes away. The publish
+lease stays at its default (300 s), longer than the scenario may run: a lost
+command would leave its hold ``held`` and fail the check rather than be
+republished by a later scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import aio_pika
+import aiormq.exceptions
+
+from tests.cluster.fleet import Fleet, ServiceProcess, event_time
+from tests.cluster.nodes import ClusterNode, RabbitCluster
+from tests.cluster.observe import (
+    DEAD_QUEUE,
+    QUEUE,
+    connection_nodes,
+    end_state,
+    eventually,
+    expired_count,
+    insert_spread_holds,
+    leader,
+    queue_view,
+    queue_views,
+)
+from tests.cluster.report import Figures
+
+Departure = Literal["stop_app", "kill"]
+
+CONSUMERS = 3
+FAILOVER_SECONDS = 90.0
+STOP_AT = 1 / 3
+SETTLE_SECONDS = 120.0  # after the last hold fell due, for the rest to expire
+CONSUMER_PREFIX = "expiry-consume cluster-consumer"
+RETRY_DELAYS = (1, 2, 4)
+SERVICE_QUEUES = {
+    QUEUE,
+    DEAD_QUEUE,
+    "expirations.dead.log",
+    *(f"expirations.retry.{delay}s" for delay in RETRY_DELAYS),
+}
+PUBLISHED = re.compile(r"^scan: published (\d+) command", re.M)
+
+# Short budgets so that retries happen within seconds; the lease stays at its default.
+SERVICE_ENV = {
+    "EXPIRY_RETRY_DELAYS": ",".join(str(delay) for delay in RETRY_DELAYS),
+    "EXPIRY_MAX_ATTEMPTS": "10",
+    "EXPIRY_MAX_AGE_SECONDS": "300",
+    "EXPIRY_LOCK_TIMEOUT_MS": "1000",
+    "EXPIRY_STATEMENT_TIMEOUT_MS": "5000",
+    "EXPIRY_DB_CONNECT_TIMEOUT_SECONDS": "2",
+    "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "5",
+    "EXPIRY_HEARTBEAT_SECONDS": "5",
+    "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
+    "EXPIRY_LOG_FORMAT": "json",
+    "EXPIRY_LOG_LEVEL": "INFO",
+}
+
+
+def setting(name: str, default: float) -> float:
+    """A positive number from the environment, or ``default``."""
+    value = float(os.environ.get(name, default))
+    assert value > 0, f"{name} must be > 0"
+    return value
+
+
+def service_env(amqp_url: str, database_url: str, worker: str) -> dict[str, str]:
+    """The environment of one service process (nothing of the shell's EXPIRY_* leaks in)."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
+    }
+    env.update(SERVICE_ENV)
+    env.update(
+        AMQP_URL=amqp_url, DATABASE_URL=database_url, EXPIRY_WORKER_ID=worker, PYTHONUNBUFFERED="1"
+    )
+    return env
+
+
+@dataclass
+class Run:
+    """One run of the scenario: the cluster and its vhost, the database, the processes."""
+
+    cluster: RabbitCluster
+    vhost: str
+    database_url: str
+    fleet: Fleet
+    holds: int
+    spread: float
+    departure: Departure
+    order: tuple[ClusterNode, ...] = ()
+
+    @property
+    def amqp_url(self) -> str:
+        """``AMQP_URL``: every node, the work queue's leader first."""
+        return ",".join(node.amqp_url(self.vhost) for node in self.order)
+
+    @property
+    def leader(self) -> ClusterNode:
+        """The node that leads the work queue at the start (and goes away)."""
+        return self.order[0]
+
+    @property
+    def survivor(self) -> ClusterNode:
+        """A node that stays up: its management API is asked after the departure."""
+        return self.order[1]
+
+    def env(self, worker: str) -> dict[str, str]:
+        """A service process's environment."""
+        return service_env(self.amqp_url, self.database_url, worker)
+
+    @property
+    def consumers(self) -> list[ServiceProcess]:
+        """The consumer processes."""
+        return self.fleet.of("service.consume")
+
+    @property
+    def scanner(self) -> ServiceProcess:
+        """The ``produce --every`` process."""
+        [scanner] = [p for p in self.fleet.processes if p.name == "scanner"]
+        return scanner
+
+    @property
+    def long_running(self) -> list[ServiceProcess]:
+        """The consumers and the scanner (not the declaring scan)."""
+        return [p for p in self.fleet.processes if p.name != "declare"]
+
+
+async def declare_and_order(run: Run) -> None:
+    """Declare the topology with one real scan; check the replicas; put the leader first."""
+    first = run.cluster.nodes[0]
+    env = service_env(run.cluster.amqp_url(run.vhost), run.database_url, "cluster-declare")
+    scan = await run.fleet.run("service.produce", "--scan", name="declare", env=env)
+    assert scan.process.returncode == 0, scan.text()
+    names = sorted(node.name for node in run.cluster.nodes)
+    views = await queue_views(first, run.vhost)
+    assert {view["name"] for view in views} == SERVICE_QUEUES
+    for view in views:
+        assert view["type"] == "quorum", view["name"]
+        assert view["arguments"]["x-quorum-initial-group-size"] == 3, view["name"]
+        assert sorted(view["members"]) == names, f"{view['name']}: {view['members']}"
+    work_leader = run.cluster.node(leader(await queue_view(first, run.vhost, QUEUE)))
+    run.order = (work_leader, *(node for node in run.cluster.nodes if node is not work_leader))
+
+
+async def consumers_on(run: Run, node: ClusterNode, *, avoid: str | None = None) -> bool:
+    """Whether the work queue counts exactly the consumers, every consumer connection is
+    on a node other than ``avoid``, and ``avoid`` no longer leads the queue."""
+    view = await queue_view(node, run.vhost, QUEUE)
+    if view.get("consumers") != CONSUMERS or (avoid is not None and leader(view) == avoid):
+        return False
+    where = await connection_nodes(node, run.vhost, CONSUMER_PREFIX)
+    return len(where) == CONSUMERS and avoid not in where.values()
+
+
+async def start_consumers(run: Run) -> None:
+    """Start the consumers and wait until all of them consume from the leader's node."""
+    for number in range(1, CONSUMERS + 1):
+        worker = f"cluster-consumer{number}"
+        await run.fleet.start("service.consume", name=worker, env=run.env(worker))
+    await eventually(lambda: consumers_on(run, run.leader), timeout=90)
+    where = await connection_nodes(run.leader, run.vhost, CONSUMER_PREFIX)
+    assert set(where.values()) == {run.leader.name}, where
+
+
+def assert_running(run: Run) -> None:
+    """Fail at once if a consumer or the scanner has exited."""
+    exited = {p.name: p.process.returncode for p in run.long_running if not p.alive}
+    assert not exited, f"exited during the run: {exited}"
+
+
+async def succeeds(check: Callable[[], Awaitable[bool]], timeout: float) -> bool:
+    """Whether ``check()`` comes true within ``timeout`` seconds."""
+    try:
+        await eventually(check, timeout=timeout, every=0.5)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def wait_for_expired(run: Run, count: int, timeout: float) -> bool:
+    """Wait until ``count`` holds are expired (False if not within ``timeout``); fail at
+    once if a process died."""
+
+    async def reached() -> bool:
+        assert_running(run)
+        return await expired_count(run.database_url) >= count
+
+    return await succeeds(reached, timeout)
+
+
+async def drained(run: Run, node: ClusterNode) -> bool:
+    """Whether every queue but ``expirations.dead`` is empty (ready and unacked)."""
+    views = await queue_views(node, run.vhost)
+    busy = {
+        view["name"]: (view.get("messages_ready"), view.get("messages_unacknowledged"))
+        for view in views
+        if view["name"] != DEAD_QUEUE
+    }
+    return bool(busy) and all(counts == (0, 0) for counts in busy.values())
+
+
+@dataclass
+class Departed:
+    """The moment the leader's node went away, and what each process had written by then."""
+
+    wall: datetime
+    mono: float
+    expired: int
+    offsets: dict[str, int]
+    took_s: float = 0.0
+
+
+def take_away(node: ClusterNode, departure: Departure) -> float:
+    """``rabbitmqctl stop_app`` (connections closed by the broker) or SIGKILL (no goodbye);
+    return how long that took."""
+    began = time.monotonic()
+    if departure == "stop_app":
+        node.stop_app()
+    else:
+        node.kill()
+    return time.monotonic() - began
+
+
+async def depart(run: Run) -> tuple[Departed, float]:
+    """Take the leader's node away; return when, and how long until the consumers were back
+    on the other nodes (measured while the node is still stopping)."""
+    departed = Departed(
+        wall=datetime.now(UTC),
+        mono=time.monotonic(),
+        expired=await expired_count(run.database_url),
+        offsets={p.name: p.size() for p in run.fleet.processes},
+    )
+    stopping = asyncio.create_task(asyncio.to_thread(take_away, run.leader, run.departure))
+    try:
+        back = await succeeds(lambda: consumers_back(run, departed), FAILOVER_SECONDS)
+        back_s = time.monotonic() - departed.mono
+    finally:
+        departed.took_s = await stopping
+    assert back, f"the consumers were not back within {FAILOVER_SECONDS:g}s: {await debug(run)}"
+    moved = await succeeds(
+        lambda: consumers_on(run, run.survivor, avoid=run.leader.name), FAILOVER_SECONDS
+    )
+    assert moved, f"the consumers' connections did not move: {await debug(run)}"
+    return departed, back_s
+
+
+async def consumers_back(run: Run, departed: Departed) -> bool:
+    """Whether every consumer has left the node (its ``broker.next_node`` line) and the work
+    queue counts all of them again, asked through a surviving node."""
+    for consumer in run.consumers:
+        if not consumer.named("broker.next_node", departed.offsets[consumer.name]):
+            return False
+    return await consumers_attached(run, run.survivor)
+
+
+async def consumers_attached(run: Run, node: ClusterNode) -> bool:
+    """Whether the work queue's leader counts exactly the consumers (a passive declare
+    through ``node``: the queue's own count, not the management statistics)."""
+    try:
+        async with asyncio.timeout(5):
+            connection = await aio_pika.connect(node.amqp_url(run.vhost))
+            try:
+                channel = await connection.channel()
+                queue = await channel.declare_queue(QUEUE, passive=True)
+                return queue.declaration_result.consumer_count == CONSUMERS
+            finally:
+                await connection.close()
+    except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
+        return False
+
+
+async def debug(run: Run) -> dict[str, Any]:
+    """What the survivor says about the work queue and the consumers' connections."""
+    view: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        view = await queue_view(run.survivor, run.vhost, QUEUE)
+    with contextlib.suppress(Exception):
+        view["connections"] = await connection_nodes(run.survivor, run.vhost, CONSUMER_PREFIX)
+    keys = ("consumers", "leader", "online", "members", "consumer_details", "connections")
+    return {key: view.get(key) for key in keys}
+
+
+@dataclass
+class Observation:
+    """What the scenario saw, beside the processes' logs."""
+
+    departed: Departed
+    consumers_back_s: float
+    consumer_nodes: dict[str, str]
+    all_expired: bool
+    queues_drained: bool
+    total_s: float
+    exit_codes: dict[str, int]
+    dead_queue: int
+    departed_before_last_due: bool
+
+
+async def scenario(run: Run) -> Observation:
+    """Declare, load, take the leader away at a third, wait for the end, SIGTERM everything."""
+    await declare_and_order(run)
+    await start_consumers(run)
+    await run.fleet.start(
+        "service.produce", "--every", "1", name="scanner", env=run.env("cluster-scanner")
+    )
+    # Holds fall due while everything runs: the scanner publishes what fell due each
+    # second, so that the departure finds it publishing and the consumers busy.
+    started = time.monotonic()
+    await insert_spread_holds(run.database_url, run.holds, run.spread)
+    last_due = time.monotonic() + run.spread
+    reached = await wait_for_expired(run, int(run.holds * STOP_AT), run.spread + SETTLE_SECONDS)
+    assert reached, "a third of the holds did not expire before the departure"
+    departed, back_s = await depart(run)
+    consumer_nodes = await connection_nodes(run.survivor, run.vhost, CONSUMER_PREFIX)
+    remaining = max(0.0, last_due - time.monotonic()) + SETTLE_SECONDS
+    all_expired = await wait_for_expired(run, run.holds, remaining)
+    queues_drained = await succeeds(lambda: drained(run, run.survivor), 60)
+    total_s = time.monotonic() - started
+    dead_queue = int((await queue_view(run.survivor, run.vhost, DEAD_QUEUE)).get("messages") or 0)
+    exit_codes = {p.name: await p.stop() for p in run.long_running}
+    return Observation(
+        departed=departed,
+        consumers_back_s=back_s,
+        consumer_nodes=consumer_nodes,
+        all_expired=all_expired,
+        queues_drained=queues_drained,
+        total_s=total_s,
+        exit_codes=exit_codes,
+        dead_queue=dead_queue,
+        departed_before_last_due=departed.mono < last_due,
+    )
+
+
+def _seconds_after(start: datetime, stamps: list[datetime], last: bool = False) -> float:
+    if not stamps:
+        return float("nan")
+    return ((max if last else min)(stamps) - start).total_seconds()
+
+
+def _first_outcome_after_last_move(events: list[dict[str, Any]]) -> datetime | None:
+    moves = [t for e in events if e.get("event") == "broker.next_node" and (t := event_time(e))]
+    if not moves:
+        return None
+    last_move = max(moves)
+    for event in events:
+        stamp = event_time(event)
+        if event.get("event") == "expiry.outcome" and stamp is not None and stamp > last_move:
+            return stamp
+    return None
+
+
+def resumptions(run: Run, departed: Departed) -> list[datetime]:
+    """When each consumer that moved logged its first outcome after its last move."""
+    firsts = [
+        _first_outcome_after_last_move(consumer.events(departed.offsets[consumer.name]))
+        for consumer in run.consumers
+    ]
+    return [stamp for stamp in firsts if stamp is not None]
+
+
+def connections_lost(run: Run, departed: Departed) -> float:
+    """The departure -> the first consumer's ``broker.next_node`` line."""
+    stamps = [
+        t
+        for consumer in run.consumers
+        for e in consumer.named("broker.next_node", departed.offsets[consumer.name])
+        if (t := event_time(e)) is not None
+    ]
+    return _seconds_after(departed.wall, stamps)
+
+
+def scans_after(run: Run, departed: Departed) -> list[int]:
+    """What each scan that reported after the departure published."""
+    scanner = run.scanner
+    return [int(n) for n in PUBLISHED.findall(scanner.text(departed.offsets[scanner.name]))]
+
+
+async def figures_of(run: Run, seen: Observation) -> Figures:
+    """The figures of this run, from the logs, the database and the queues."""
+    departed = seen.departed
+    outcomes = run.fleet.outcomes()
+    after = scans_after(run, departed)
+    state = await end_state(run.database_url)
+    scanner = run.scanner
+    resumed = resumptions(run, departed)
+    return Figures(
+        departure=run.departure,
+        holds=run.holds,
+        node_gone=run.leader.name,
+        expired_at_departure=departed.expired,
+        departure_took_s=round(departed.took_s, 1),
+        connections_lost_s=round(connections_lost(run, departed), 1),
+        consumers_back_s=round(seen.consumers_back_s, 1),
+        work_resumed_s=round(_seconds_after(departed.wall, resumed), 1),
+        all_consumers_working_s=round(_seconds_after(departed.wall, resumed, last=True), 1),
+        total_s=round(seen.total_s, 1),
+        deliveries=sum(outcomes.values()),
+        duplicates=outcomes["already-done"],
+        redelivered=sum(
+            1 for c in run.consumers for e in c.named("expiry.outcome") if e.get("redelivered")
+        ),
+        retries=run.fleet.count("expiry.retry"),
+        dead_letters=seen.dead_queue + state.dead_letter_records,
+        next_node_lines=run.fleet.count("broker.next_node"),
+        stale_acks=run.fleet.count("expiry.stale_delivery")
+        + run.fleet.count("expiry.settle_failed"),
+        republished=state.republished,
+        scans_after_departure=len(after),
+        published_after_departure=sum(after),
+        scanner_unreachable=len(scanner.named("broker.unreachable", departed.offsets["scanner"])),
+        failed_scans=len(scanner.named("scan.failed")),
+        consumers_now_on=", ".join(sorted(set(seen.consumer_nodes.values()))),
+    )
