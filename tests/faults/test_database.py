@@ -13,7 +13,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from tests.faults.checks import verify, wait_for_consumers
+from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
 from tests.faults.netproxy import PgCommitCut, fault_proxy
 from tests.faults.report import report
 from tests.faults.scenario import LoadRun, stop_cleanly
@@ -184,6 +184,7 @@ async def test_refused_retry_tier_while_the_database_fails(world: World) -> None
     fails: a command whose retry copy is refused is not acked and not lost; all expire
     once both recover."""
     workload = await create_workload(world.database_url, REFUSED_HOLDS, future=2)
+    queues = ["expirations", *world.retry_queues]
     async with fault_proxy(world.database_url, 5432) as db_proxy:
         consumer = await world.consumer(DATABASE_URL=db_proxy.url(world.database_url))
         await wait_for_consumers(world.amqp_url, 1)
@@ -194,19 +195,20 @@ async def test_refused_retry_tier_while_the_database_fails(world: World) -> None
         async with asyncio.timeout(30):
             while len(_handled(consumer)) < REFUSED_HOLDS:
                 await asyncio.sleep(0.2)
-        refused = len(_events(consumer, "expiry.copy_failed"))
-        # Nothing acked away: every command is still in the work queue or a delay queue.
-        kept = await _messages(world, ["expirations", *world.retry_queues], REFUSED_HOLDS)
+        # SIGTERM now: what the consumer holds goes back, so the queues can be counted
+        # exactly. Nothing was acked away: every command is in the work or a delay queue.
+        assert await consumer.stop(timeout=60) == 0, consumer.text()[-2000:]
+        kept = await _ready(world, queues, REFUSED_HOLDS)
         assert not _events(consumer, "expiry.outcome")
         fault_lasted = time.monotonic() - started
         await world.management.clear_policy(world.vhost, REFUSE)
-        db_proxy.restore()
-        async with asyncio.timeout(60):
-            while len(_events(consumer, "expiry.outcome")) < REFUSED_HOLDS:
-                await asyncio.sleep(0.2)
-        seconds = time.monotonic() - started
-        await stop_cleanly([consumer])
-    outcome = await verify(world, workload.expectation(set()))
+    finisher = await world.consumer()
+    expect = workload.expectation(set())
+    settled = await settle(world, expect, 60)
+    seconds = time.monotonic() - started
+    await stop_cleanly([finisher])
+    outcome = await verify(world, expect, settled=settled)
+    refused = len(_events(consumer, "expiry.copy_failed"))
     assert refused > 0
     report(
         "8 retry tier refuses publishes",
@@ -238,16 +240,16 @@ async def _refuse_retries(world: World) -> None:
                 await asyncio.sleep(0.2)
 
 
-async def _messages(world: World, queues: list[str], expected: int) -> int:
-    """Wait until the management counters show ``expected`` messages (ready or unacked)
-    in ``queues``; return the count."""
+async def _ready(world: World, queues: list[str], expected: int) -> int:
+    """Wait until ``queues`` hold ``expected`` ready messages (a message on its way from a
+    delay queue back to the work queue is briefly in neither); return the count."""
     total = -1
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(10):
             while total != expected:
-                await asyncio.sleep(0.5)
-                views = [await world.management.queue(world.vhost, q) for q in queues]
-                total = sum(int(view.get("messages", 0)) for view in views)
+                depths = await queue_depths(world.amqp_url, queues)
+                total = -1 if depths is None else sum(depths.values())
+                await asyncio.sleep(0.1)
     assert total == expected, f"{total} messages in {queues}, expected {expected}"
     return total
 
