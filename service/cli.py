@@ -38,6 +38,17 @@ def cause_chain(exc: BaseException) -> list[str]:
     return lines
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds greater than zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     """Parse arguments, load settings, run ``command`` and exit with its code."""
     parser.add_argument("--verbose", action="store_true", help="print tracebacks on failure")

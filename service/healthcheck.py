@@ -16,7 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from service.cli import run_command
+from service.cli import positive_seconds, run_command
 from service.settings import Settings
 
 DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "amqp": 5672, "amqps": 5671}
@@ -108,16 +108,6 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(
@@ -130,7 +120,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help=f"per connection (default {DEFAULT_TIMEOUT_SECONDS:g})",

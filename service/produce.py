@@ -23,7 +23,7 @@ import aio_pika
 from aio_pika.abc import AbstractExchange, DeliveryMode
 
 from service import broker, db, telemetry
-from service.cli import run_command
+from service.cli import positive_seconds, run_command
 from service.domain import command_body, message_id
 from service.errors import PublishNotConfirmed
 from service.settings import Settings
@@ -190,16 +190,6 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         telemetry.shutdown(tracing)
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(
@@ -213,7 +203,7 @@ def main() -> None:
     mode.add_argument("--scan", action="store_true", help="run one scan and exit")
     mode.add_argument(
         "--every",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="scan every SECONDS until SIGTERM or SIGINT (a failed scan is logged, then retried)",
     )
