@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import aio_pika
-import aiormq.exceptions
-
 from tests.cluster.fleet import Fleet, ServiceProcess, event_time
 from tests.cluster.nodes import ClusterNode, RabbitCluster
 from tests.cluster.observe import (
@@ -261,27 +258,20 @@ async def depart(run: Run) -> tuple[Departed, float]:
 
 async def consumers_back(run: Run, departed: Departed) -> bool:
     """Whether every consumer has left the node (its ``broker.next_node`` line) and the work
-    queue counts all of them again, asked through a surviving node."""
+    queue lists exactly the consumers again, each on a channel of another node."""
+    assert_running(run)
     for consumer in run.consumers:
         if not consumer.named("broker.next_node", departed.offsets[consumer.name]):
             return False
-    return await consumers_attached(run, run.survivor)
+    view = await queue_view(run.survivor, run.vhost, QUEUE)
+    nodes = [channel_node(detail) for detail in view.get("consumer_details") or []]
+    return len(nodes) == CONSUMERS and all(n not in (None, run.leader.name) for n in nodes)
 
 
-async def consumers_attached(run: Run, node: ClusterNode) -> bool:
-    """Whether the work queue's leader counts exactly the consumers (a passive declare
-    through ``node``: the queue's own count, not the management statistics)."""
-    try:
-        async with asyncio.timeout(5):
-            connection = await aio_pika.connect(node.amqp_url(run.vhost))
-            try:
-                channel = await connection.channel()
-                queue = await channel.declare_queue(QUEUE, passive=True)
-                return queue.declaration_result.consumer_count == CONSUMERS
-            finally:
-                await connection.close()
-    except (TimeoutError, OSError, aiormq.exceptions.AMQPError):
-        return False
+def channel_node(consumer_detail: dict[str, Any]) -> str | None:
+    """The node of a consumer's channel, as the management API lists it."""
+    channel = consumer_detail.get("channel_details")
+    return str(channel["node"]) if isinstance(channel, dict) and "node" in channel else None
 
 
 async def debug(run: Run) -> dict[str, Any]:

@@ -71,6 +71,12 @@ async def check(run: Run, seen: Observation) -> None:
         moves = consumer.named("broker.next_node", departed.offsets[consumer.name])
         assert moves, f"{consumer.name} logged no broker.next_node after the departure"
     assert run.leader.name not in seen.consumer_nodes.values(), seen.consumer_nodes
+    offset = departed.offsets[run.scanner.name]
+    turned = [
+        *run.scanner.named("broker.next_node", offset),
+        *run.scanner.named("broker.unreachable", offset),
+    ]
+    assert turned, "the scanner never turned away from the node that went away"
     after = scans_after(run, departed)
     assert after, "the scanner reported no scan after the departure"
     if seen.departed_before_last_due:
