@@ -151,12 +151,12 @@ def conclude(options: Options, results: report.Results) -> list[report.Check]:
     say(f"\nresults (min / median / max over {options.repeat} repetition(s))")
     for line in report.figure_table(results):
         say(line)
-    say("\ntargets (medians)")
+    say("\ntargets (ratios within each repetition: median, then min-max; values: medians)")
     for line in report.check_table(checks):
         say(line)
-    say("\nother ratios (medians)")
+    say("\nother ratios (within each repetition: median, then min-max)")
     for what, value in run.other_ratios(results):
-        say(f"  {what:<52} {value}")
+        say(f"  {what:<54} {value}")
     return checks
 
 

@@ -18,11 +18,19 @@ UNIT_FORMATS = {
 
 @dataclass
 class Figure:
-    """One measured quantity and its samples, one per repetition."""
+    """One measured quantity and its samples (one or more per repetition)."""
 
     label: str
     unit: str
     samples: list[float] = field(default_factory=list)
+    repetitions: list[int] = field(default_factory=list)  # the repetition of each sample
+
+    def by_repetition(self) -> dict[int, float]:
+        """The median of each repetition's samples."""
+        groups: dict[int, list[float]] = {}
+        for repetition, value in zip(self.repetitions, self.samples, strict=True):
+            groups.setdefault(repetition, []).append(value)
+        return {repetition: statistics.median(values) for repetition, values in groups.items()}
 
     def stats(self) -> tuple[float, float, float]:
         """(min, median, max) of the samples."""
@@ -37,10 +45,20 @@ class Results:
 
     def __init__(self) -> None:
         self.figures: dict[str, Figure] = {}
+        self.repetition = 1  # the repetition that samples are recorded for
 
     def add(self, key: str, label: str, unit: str, value: float) -> None:
-        """Record one sample of figure ``key``."""
-        self.figures.setdefault(key, Figure(label, unit)).samples.append(value)
+        """Record one sample of figure ``key`` in the current repetition."""
+        figure = self.figures.setdefault(key, Figure(label, unit))
+        figure.samples.append(value)
+        figure.repetitions.append(self.repetition)
+
+    def ratios(self, top: str, bottom: str) -> list[float]:
+        """``top / bottom`` in each repetition that measured both (neighbours in time)."""
+        if top not in self.figures or bottom not in self.figures:
+            return []
+        a, b = self.figures[top].by_repetition(), self.figures[bottom].by_repetition()
+        return [a[r] / b[r] for r in sorted(a.keys() & b.keys()) if b[r]]
 
     def median(self, key: str) -> float | None:
         """The median of figure ``key``, or ``None`` if it was not measured."""
@@ -53,6 +71,7 @@ class Results:
                 "label": fig.label.strip(),
                 "unit": fig.unit,
                 "samples": fig.samples,
+                "repetitions": fig.repetitions,
                 "min": fig.stats()[0],
                 "median": fig.stats()[1],
                 "max": fig.stats()[2],
@@ -63,7 +82,7 @@ class Results:
 
 @dataclass(frozen=True)
 class Check:
-    """One target of the issue, against the medians of this run."""
+    """One target of the issue, judged on the median over the repetitions."""
 
     what: str
     measured: str
@@ -71,21 +90,31 @@ class Check:
     met: bool | None  # None: not measured in this run
 
 
-def ratio(results: Results, top: str, bottom: str) -> float | None:
-    """``median(top) / median(bottom)``, or ``None`` if either is missing."""
-    a, b = results.median(top), results.median(bottom)
-    return a / b if a is not None and b else None
+def ratio(results: Results, top: str, bottom: str) -> list[float]:
+    """(median, min, max) of the per-repetition ratios ``top / bottom``; empty if unmeasured."""
+    values = results.ratios(top, bottom)
+    return [statistics.median(values), min(values), max(values)] if values else []
+
+
+def show_ratio(values: list[float], *, times: bool = False) -> str:
+    """``3.56x (3.1-4.0x)`` or ``74% (52-80%)``: the median, then the range."""
+    if not values:
+        return "n/a"
+    mid, low, high = values
+    if times:
+        return f"{mid:.2f}x ({low:.1f}-{high:.1f}x)"
+    return f"{mid:.0%} ({low * 100:.0f}-{high:.0%})"
 
 
 def ratio_check(
     results: Results, what: str, top: str, bottom: str, at_least: float, *, times: bool = False
 ) -> Check:
-    """``median(top) / median(bottom) >= at_least``, shown as ``6.1x`` or ``83%``."""
-    value = ratio(results, top, bottom)
+    """The median over the repetitions of ``top / bottom`` is at least ``at_least``."""
+    values = ratio(results, top, bottom)
     shown = f">= {at_least:g}x" if times else f">= {at_least:.0%}"
-    if value is None:
+    if not values:
         return Check(what, "n/a", shown, None)
-    return Check(what, f"{value:.2f}x" if times else f"{value:.0%}", shown, value >= at_least)
+    return Check(what, show_ratio(values, times=times), shown, values[0] >= at_least)
 
 
 def below_check(results: Results, what: str, key: str, limit: float, unit: str) -> Check:
@@ -116,7 +145,7 @@ def check_table(checks: list[Check]) -> list[str]:
     for check in checks:
         verdict = {True: "met", False: "NOT MET", None: "n/a"}[check.met]
         lines.append(
-            f"  [{verdict:^7}] {check.what:<{width}}  {check.measured:>9}  (target {check.target})"
+            f"  [{verdict:^7}] {check.what:<{width}}  {check.measured:>20}  (target {check.target})"
         )
     return lines
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from bench.config import Options
 from bench.phases import PER_MESSAGE_ENV, Bench, ConsumeRun, ScanRun
-from bench.report import Check, Results, below_check, ratio, ratio_check
+from bench.report import Check, Results, below_check, ratio, ratio_check, show_ratio
 from service.settings import Settings
 
 Say = Callable[[str], None]
@@ -161,16 +161,18 @@ async def measure(bench: Bench, options: Options, say: Say) -> Results:
     """Every repetition, then the scan's memory run."""
     results = Results()
     for number in range(1, options.repeat + 1):
+        results.repetition = number
         say(f"\nrepetition {number}/{options.repeat}")
         await limits(bench, results, say)
         await service_runs(bench, options, results, say)
+    results.repetition = 0  # once, after the repetitions
     say("\nscan memory")
     await scan_memory(bench, options, results, say)
     return results
 
 
 def targets(results: Results, options: Options) -> list[Check]:
-    """The issue's targets, from the medians."""
+    """The issue's targets: ratios of neighbours in each repetition, judged on their median."""
     checks = [
         ratio_check(
             results,
@@ -212,8 +214,4 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
         ("end-to-end, 1 consumer vs batched update (no broker)", "e2e.k1", "db.batched"),
         ("raw consume + ack vs raw publish with confirms", "raw.consume", "raw.publish"),
     ]
-    shown = []
-    for what, top, bottom in pairs:
-        value = ratio(results, top, bottom)
-        shown.append((what, "n/a" if value is None else f"{value:.0%}"))
-    return shown
+    return [(what, show_ratio(ratio(results, top, bottom))) for what, top, bottom in pairs]
