@@ -177,7 +177,7 @@ def write_outputs(
         options.json_path.write_text(json.dumps(document, indent=2) + "\n")
     if args.markdown is not None:
         lines = [
-            *(line.strip() + "  " for line in machine.lines()),
+            *(f"- {line.strip()}" for line in machine.lines()),
             "",
             *report.markdown_table(results),
             "",

@@ -155,7 +155,8 @@ def markdown_table(results: Results) -> list[str]:
     lines = ["| figure | unit | min | median | max |", "|---|---|---:|---:|---:|"]
     for fig in results.figures.values():
         low, mid, high = (fig.format(value) for value in fig.stats())
-        lines.append(f"| {fig.label} | {fig.unit} | {low} | {mid} | {high} |")
+        label = f"· {fig.label.strip()}" if fig.label.startswith(" ") else fig.label
+        lines.append(f"| {label} | {fig.unit} | {low} | {mid} | {high} |")
     return lines
 
 
