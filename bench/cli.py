@@ -190,7 +190,7 @@ def local_servers(sandbox: Sandbox) -> cpu.Servers:
     """The local PostgreSQL and RabbitMQ processes behind the sandbox's ports (if local)."""
     database_port = urlsplit(sandbox.database_url).port or 5432
     amqp_port = urlsplit(sandbox.amqp_url).port or 5672
-    return cpu.find_servers(database_port, amqp_port)
+    return cpu.find_servers(database_port, amqp_port, sandbox.name)
 
 
 async def measured(

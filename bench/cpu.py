@@ -2,10 +2,12 @@
 
 Read from ``/proc``: the first line of ``/proc/stat`` for the machine, and the
 utime + stime of the servers the benchmark talks to: the PostgreSQL postmaster
-listening on the database's port with its children (the backends), and the
-Erlang VM (``beam.smp``) listening on the AMQP port. Other clusters and nodes
-on the same machine do not count. A server that is not local (or whose
-sockets cannot be read) is left out. Processes that start or exit between two
+listening on the database's port, its backends connected to the benchmark's
+database and its WAL writer, checkpointer and background writer (not the
+backends of other databases), and the Erlang VM (``beam.smp``) listening on
+the AMQP port (the whole node: other vhosts' work counts too). Other clusters
+and nodes on the same machine do not count. A server that is not local (or
+whose sockets cannot be read) is left out. Processes that start or exit between two
 snapshots count only for the part both snapshots saw.
 """
 
@@ -19,13 +21,18 @@ from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 LISTEN = "0A"
+POSTGRES_SHARED = ("checkpointer", "background writer", "walwriter")
 
 
 @dataclass(frozen=True)
 class Servers:
-    """The local processes of the servers: group name -> (its pid, whether its children count)."""
+    """The servers' local processes: group -> (pid, the children that count, by command line).
 
-    roots: dict[str, tuple[int, bool]]
+    A child counts when its command line (the process title) contains one of the
+    strings; with none, no child counts.
+    """
+
+    roots: dict[str, tuple[int, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -87,14 +94,24 @@ def listener(port: int, comm: str) -> int | None:
     return None
 
 
-def find_servers(database_port: int, amqp_port: int) -> Servers:
-    """The local PostgreSQL (with its backends) and RabbitMQ processes on these ports."""
-    roots: dict[str, tuple[int, bool]] = {}
+def find_servers(database_port: int, amqp_port: int, database: str) -> Servers:
+    """The local PostgreSQL (``database``'s backends) and RabbitMQ processes on these ports."""
+    roots: dict[str, tuple[int, tuple[str, ...]]] = {}
     if (postmaster := listener(database_port, "postgres")) is not None:
-        roots["postgresql"] = (postmaster, True)
+        roots["postgresql"] = (postmaster, (f" {database} ", *POSTGRES_SHARED))
     if (beam := listener(amqp_port, "beam.smp")) is not None:
-        roots["rabbitmq"] = (beam, False)
+        roots["rabbitmq"] = (beam, ())
     return Servers(roots)
+
+
+def _counts(pid: int, markers: tuple[str, ...]) -> bool:
+    if not markers:
+        return False
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(marker in f"{title} " for marker in markers)
 
 
 def _machine() -> tuple[int, int]:
@@ -115,7 +132,7 @@ def snapshot(servers: Servers) -> Snapshot:
         _, ppid, ticks = found
         if pid in groups:
             processes[pid] = (groups[pid][0], ticks)
-        elif ppid in groups and groups[ppid][1]:
+        elif ppid in groups and _counts(pid, groups[ppid][1]):
             processes[pid] = (groups[ppid][0], ticks)
     busy, total = _machine()
     return Snapshot(time.monotonic(), busy, total, processes)

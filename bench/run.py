@@ -58,7 +58,7 @@ def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say:
     say(f"                   {machine_line(run)}")
 
 
-SERVERS = {"postgresql": ("pg", "PostgreSQL"), "rabbitmq": ("rmq", "RabbitMQ")}
+SERVERS = {"postgresql": ("pg", "PostgreSQL"), "rabbitmq": ("rmq", "RabbitMQ node")}
 
 
 def record_machine(results: Results, key: str, run: ConsumeRun) -> None:
