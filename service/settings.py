@@ -52,7 +52,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("AMQP_URL"),
     )
 
-    prefetch: PositiveInt = 200
+    prefetch: PositiveInt = 400
     batch_size: PositiveInt = 100
     batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
     retry_delays: Annotated[tuple[PositiveInt, ...], NoDecode] = (1, 5, 30, 120)
