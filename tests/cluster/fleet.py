@@ -136,6 +136,15 @@ class Fleet:
             for event in process.named("expiry.outcome")
         )
 
+    def reservations_with(self, outcome: str) -> set[str]:
+        """The reservations for which some consumer logged this outcome."""
+        return {
+            str(event.get("reservation_id"))
+            for process in self.of("service.consume")
+            for event in process.named("expiry.outcome")
+            if event.get("outcome") == outcome
+        }
+
     def count(self, event: str) -> int:
         """How many lines of ``event`` the consumers logged."""
         return sum(len(process.named(event)) for process in self.of("service.consume"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -80,6 +80,27 @@ async def connection_nodes(node: ClusterNode, vhost: str, prefix: str) -> dict[s
     return nodes
 
 
+async def close_connections(node: ClusterNode, vhost: str, prefix: str) -> int:
+    """Close (through the management API) every connection to ``vhost`` whose client
+    named it ``prefix...``; return how many."""
+    found = await management_call(
+        node,
+        "GET",
+        f"/vhosts/{quote(vhost, safe='')}/connections",
+        columns="name,client_properties",
+    )
+    names = [
+        str(connection["name"])
+        for connection in found
+        if str(connection.get("client_properties", {}).get("connection_name", "")).startswith(
+            prefix
+        )
+    ]
+    for name in names:
+        await management_call(node, "DELETE", f"/connections/{quote(name, safe='')}")
+    return len(names)
+
+
 async def eventually(
     check: Callable[[], Awaitable[bool]], *, timeout: float, every: float = 0.25
 ) -> None:
@@ -131,15 +152,18 @@ RETURNING id
 """
 
 STATE_SQL = """
-SELECT r.id, r.status,
-       (SELECT count(*) FROM reservation_transitions a
-         WHERE a.reservation_id = r.id) AS audited,
-       (SELECT count(*) FROM cluster_transitions t
-         WHERE t.reservation_id = r.id) AS changes,
-       (SELECT count(*) FROM cluster_transitions t
-         WHERE t.reservation_id = r.id AND t.from_status = 'held'
-           AND t.to_status = 'expired') AS expirations
+WITH audited AS (
+    SELECT reservation_id, count(*) AS n FROM reservation_transitions GROUP BY 1
+), changes AS (
+    SELECT reservation_id, count(*) AS n,
+           count(*) FILTER (WHERE from_status = 'held' AND to_status = 'expired') AS expirations
+      FROM cluster_transitions GROUP BY 1
+)
+SELECT r.id, r.status, coalesce(a.n, 0) AS audited, coalesce(c.n, 0) AS changes,
+       coalesce(c.expirations, 0) AS expirations
   FROM reservations r
+  LEFT JOIN audited a ON a.reservation_id = r.id
+  LEFT JOIN changes c ON c.reservation_id = r.id
 """
 
 
@@ -170,6 +194,27 @@ async def fetch_value(url: str, query: str) -> int:
     finally:
         await conn.close()
     return int(value or 0)
+
+
+@contextlib.asynccontextmanager
+async def row_locks(url: str, ids: list[UUID]) -> AsyncIterator[None]:
+    """Hold ``FOR UPDATE`` locks on these reservations (as a slow support agent would)."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM reservations WHERE id = ANY($1) FOR UPDATE", ids)
+            yield
+    finally:
+        await conn.close()
+
+
+async def consumers_waiting_on_locks(url: str) -> int:
+    """Sessions of the consumers that wait for a row lock right now."""
+    return await fetch_value(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'expiry-consume' AND wait_event_type = 'Lock'",
+    )
 
 
 async def expired_count(url: str) -> int:

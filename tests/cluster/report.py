@@ -23,6 +23,7 @@ class Figures:
     total_s: float  # the scanner's start -> every hold expired and the queues drained
     deliveries: int  # expiry.outcome lines
     duplicates: int  # already-done outcomes
+    expired_without_outcome: int  # expired, yet no "expired" outcome line
     redelivered: int  # outcomes of deliveries flagged redelivered
     retries: int  # expiry.retry lines
     dead_letters: int  # expirations.dead messages + dead_letters records

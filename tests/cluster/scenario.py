@@ -24,8 +24,8 @@ from tests.cluster.nodes import ClusterNode, RabbitCluster
 from tests.cluster.observe import (
     DEAD_QUEUE,
     QUEUE,
+    EndState,
     connection_nodes,
-    end_state,
     eventually,
     expired_count,
     insert_spread_holds,
@@ -379,12 +379,11 @@ def scans_after(run: Run, departed: Departed) -> list[int]:
     return [int(n) for n in PUBLISHED.findall(scanner.text(departed.offsets[scanner.name]))]
 
 
-async def figures_of(run: Run, seen: Observation) -> Figures:
+def figures_of(run: Run, seen: Observation, state: EndState) -> Figures:
     """The figures of this run, from the logs, the database and the queues."""
     departed = seen.departed
     outcomes = run.fleet.outcomes()
     after = scans_after(run, departed)
-    state = await end_state(run.database_url)
     scanner = run.scanner
     resumed = resumptions(run, departed)
     return Figures(
@@ -400,6 +399,8 @@ async def figures_of(run: Run, seen: Observation) -> Figures:
         total_s=round(seen.total_s, 1),
         deliveries=sum(outcomes.values()),
         duplicates=outcomes["already-done"],
+        expired_without_outcome=state.statuses.get("expired", 0)
+        - len(run.fleet.reservations_with("expired")),
         redelivered=sum(
             1 for c in run.consumers for e in c.named("expiry.outcome") if e.get("redelivered")
         ),
