@@ -342,4 +342,4 @@ async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stac
 
 async def _refuses(stack: Stack) -> bool:
     info = await stack.management.queue(stack.vhost, "expirations")
-    return info.get("effective_policy_definition", {}).get("max-length") == 0
+    return bool(info.get("effective_policy_definition", {}).get("max-length") == 0)
