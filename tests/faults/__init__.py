@@ -11,7 +11,7 @@ Running
 
 ::
 
-    .venv/bin/python -m pytest tests/faults -m faults -q -s     # about 3-4 minutes
+    .venv/bin/python -m pytest tests/faults -m faults -q -s     # about 3 minutes
     FAULTS_HOLDS=50000 .venv/bin/python -m pytest tests/faults -m faults -q -s
 
 The scenarios carry the ``faults`` marker and run with the rest of the suite
@@ -71,7 +71,7 @@ Scenarios
       restarted; one exactly between commit
       and ack (failpoint ``exit-after-commit``)
  2    SIGTERM with a full prefetch window        ``test_crashes::test_sigterm_...``
-      (a slow database behind the proxy)
+      (every delivery waits on a row lock)
  3    broker ``stop_app`` / ``start_app``        ``test_broker::..._stopped_and_started_...``
  4    broker blackholed (no reset)               ``test_broker::..._blackholed_...``
  5a   PostgreSQL stopped mid-stream              ``test_database::..._stopped_mid_stream``

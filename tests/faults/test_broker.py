@@ -16,7 +16,7 @@ from tests.faults.world import World
 
 pytestmark = pytest.mark.faults
 
-OUTAGE_SECONDS = 3.0
+OUTAGE_SECONDS = 2.0
 HEARTBEAT_SECONDS = 1
 DB_LATENCY_SECONDS = 0.01
 

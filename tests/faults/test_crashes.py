@@ -12,7 +12,6 @@ import asyncpg
 import pytest
 
 from tests.faults.checks import queue_depths, verify
-from tests.faults.netproxy import fault_proxy
 from tests.faults.report import report
 from tests.faults.scenario import LoadRun
 from tests.faults.services import ServiceProcess
@@ -138,34 +137,59 @@ async def test_a_message_that_kills_every_consumer_ends_dead(world: World) -> No
     )
 
 
-def _drain_line(process: ServiceProcess) -> dict[str, object]:
-    [line] = [e for e in process.events() if e.get("event") == "consumer.draining"]
-    return line
+def _drain_line(process: ServiceProcess) -> dict[str, object] | None:
+    lines = [e for e in process.events() if e.get("event") == "consumer.draining"]
+    return lines[0] if lines else None
+
+
+LOCK_DUE_HOLDS = (
+    "SELECT 1 FROM reservations WHERE status = 'held' AND hold_until <= now() FOR UPDATE"
+)
+
+
+async def _unacked(world: World, expected: int) -> None:
+    """Wait until the work queue shows ``expected`` unacknowledged deliveries."""
+    async with asyncio.timeout(30):
+        while True:
+            view = await world.management.queue(world.vhost, "expirations")
+            if view.get("messages_unacknowledged") == expected:
+                return
+            await asyncio.sleep(0.2)
 
 
 async def test_sigterm_with_a_full_prefetch_window(world: World) -> None:
-    """SIGTERM while the prefetch window is full (a slow database): exit 0, nothing
-    dead-lettered, nothing lost."""
+    """SIGTERM while the whole prefetch window waits on the database (row locks held by
+    the support side): it finishes what it holds, exits 0, nothing dead-lettered or lost."""
     holds = max(500, holds_from_environment() // 4)
     workload = await create_workload(world.database_url, holds)
-    async with fault_proxy(world.database_url, 5432) as slow_db:
-        slow_db.delay = 0.02
-        run = LoadRun(world, workload)
-        run.consumer_env.update(
-            DATABASE_URL=slow_db.url(world.database_url), EXPIRY_PREFETCH=str(PREFETCH)
-        )
-        await run.start(consumers=2)
-        windows: list[object] = []
-        for point in (0.2, 0.5):
-            await run.reach(point)
-            victim = run.live[0]
-            assert await victim.stop(signal.SIGTERM, timeout=60) == 0, victim.text()[-2000:]
-            assert "consumer.drain_timeout" not in victim.text()
-            windows.append(_drain_line(victim)["in_flight"])
-            run.consumers.append(await world.consumer(**run.consumer_env))
-        end = await run.finish()
+    assert (await world.scan()).returncode == 0  # every command waits in the queue
+    run = LoadRun(world, workload)
+    run.consumer_env.update(
+        EXPIRY_PREFETCH=str(PREFETCH),
+        EXPIRY_LOCK_TIMEOUT_MS="30000",
+        EXPIRY_STATEMENT_TIMEOUT_MS="30000",
+    )
+    support = await asyncpg.connect(world.database_url)
+    try:
+        async with support.transaction():
+            await support.execute(LOCK_DUE_HOLDS)
+            await run.start(consumers=2)
+            await _unacked(world, 2 * PREFETCH)  # both windows full, all blocked
+            victim = run.consumers[0]
+            victim.send(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                while (line := _drain_line(victim)) is None:
+                    await asyncio.sleep(0.1)
+            assert victim.alive, "it exited before finishing what it held"
+    finally:
+        await support.close()
+    assert await victim.wait(60) == 0, victim.text()[-2000:]
+    assert "consumer.drain_timeout" not in victim.text()
+    windows = [line["in_flight"]]
+    run.consumers.append(await world.consumer(**run.consumer_env))
+    end = await run.finish()
     outcome = await verify(world, end.expect, settled=end.settled)
-    assert all(isinstance(w, int) and w >= PREFETCH - 2 for w in windows), windows
+    assert windows == [PREFETCH], windows
     stats = world.fleet.consumer_stats()
     report(
         "2 SIGTERM full window",

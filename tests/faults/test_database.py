@@ -23,7 +23,7 @@ from tests.faults.world import World
 
 pytestmark = pytest.mark.faults
 
-DB_DOWN_SECONDS = 8.0
+DB_DOWN_SECONDS = 6.0
 LOCKED_HOLDS = 20
 REFUSED_HOLDS = 20
 

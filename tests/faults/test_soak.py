@@ -17,7 +17,7 @@ from tests.faults.world import World
 
 pytestmark = pytest.mark.faults
 
-OUTAGE_SECONDS = 3.0
+OUTAGE_SECONDS = 2.0
 
 
 def schedule(rng: random.Random, holds: int) -> list[tuple[float, str]]:
