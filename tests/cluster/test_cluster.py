@@ -94,6 +94,9 @@ async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outco
             assert await consumer.stop() == 0, consumer.text()
     finally:
         await fleet.reap()
+    state = await end_state(cluster_database)
+    assert state.statuses == {"expired": LOCKED_HOLDS}
+    assert (state.not_once_audited, state.not_once_expired) == ([], [])
     missing = {str(rid) for rid in ids} - fleet.reservations_with("expired")
     if missing:
         raise OutcomeNotLogged(
