@@ -22,6 +22,7 @@ from opentelemetry import trace
 from service import db
 from service.domain import duplicate_outcome, outcome_of
 from service.errors import ServiceError, UnknownReservation
+from service.metrics import Metrics
 
 log = logging.getLogger("service.consume")
 tracer = trace.get_tracer("service.consume")
@@ -43,10 +44,24 @@ class Item:
     context: otel_context.Context = field(default_factory=otel_context.get_current)
 
 
-def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> None:
-    """Give each item its outcome: the first copy of an id its row's, later copies theirs."""
+def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple[Item, db.Expiry]]:
+    """Give each item its outcome: the first copy of an id its row's, later copies theirs.
+
+    Returns the transitions this batch made for deliveries nobody waits for any
+    more (their task was cancelled with their channel): the effect is committed,
+    so it must still be logged and counted once, here.
+    """
     first: dict[UUID, db.Expiry] = {}
+    orphans: list[tuple[Item, db.Expiry]] = []
     for item in items:
+        if item.future.cancelled():
+            row = rows.get(item.reservation_id)
+            if row is not None and row.won and item.reservation_id not in first:
+                first[item.reservation_id] = db.Expiry(
+                    outcome_of(won=True, status=row.status, due=row.due), row.lag
+                )
+                orphans.append((item, first[item.reservation_id]))
+            continue
         if item.future.done():
             continue
         if item.reservation_id in first:
@@ -66,15 +81,24 @@ def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> None:
             continue
         first[item.reservation_id] = expiry
         item.future.set_result(expiry)
+    return orphans
 
 
 class Batcher:
     """Gathers deliveries and runs their guarded updates together."""
 
     def __init__(
-        self, pool: db.Pool, *, worker: str, size: int, wait_ms: float, workers: int
+        self,
+        pool: db.Pool,
+        *,
+        worker: str,
+        size: int,
+        wait_ms: float,
+        workers: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
+        self.metrics = metrics
         self.worker = worker
         self.size = size
         self.wait = wait_ms / 1000
@@ -152,4 +176,18 @@ class Batcher:
                     if not item.future.done():
                         item.future.set_exception(BatchFallback("its batch failed"))
                 return
-        settle_items(batch, rows)
+        for item, expiry in settle_items(batch, rows):
+            # Committed, never acked (its channel is gone): the redelivery will be already-done.
+            log.info(
+                "expiry.outcome",
+                extra={
+                    "reservation_id": str(item.reservation_id),
+                    "message_id": item.message_id,
+                    "attempt": item.attempt,
+                    "outcome": expiry.outcome.value,
+                    "acked": False,
+                    "orphaned": True,
+                },
+            )
+            if self.metrics is not None:
+                self.metrics.outcome(expiry.outcome, seconds=0.0, lag=expiry.lag_seconds)

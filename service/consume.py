@@ -90,6 +90,7 @@ async def _consume(
             size=settings.batch_size,
             wait_ms=settings.batch_wait_ms,
             workers=max(1, min(BATCH_WORKERS, settings.db_pool_size - 1)),
+            metrics=metrics,
         )
         if settings.batch_size > 1
         else None

@@ -17,6 +17,7 @@ from typing import Any
 
 import aio_pika
 import aiormq.exceptions
+from aio_pika.abc import AbstractConnection
 
 from service import db
 from service.cli import run_command
@@ -55,9 +56,7 @@ class Status:
 
 async def read_queues(settings: Settings) -> list[QueueState]:
     """Depth and consumers of every queue of the topology (passive declares)."""
-    connection = await aio_pika.connect(
-        settings.amqp_url[0], timeout=settings.publish_timeout_seconds
-    )
+    connection = await _connect_any(settings)
     states = []
     try:
         for spec in build_topology(settings.retry_delays).queues:
@@ -75,6 +74,17 @@ async def read_queues(settings: Settings) -> list[QueueState]:
     finally:
         await connection.close()
     return states
+
+
+async def _connect_any(settings: Settings) -> AbstractConnection:
+    """A plain connection to the first node of ``AMQP_URL`` that answers."""
+    last: BaseException | None = None
+    for url in settings.amqp_url:
+        try:
+            return await aio_pika.connect(url, timeout=settings.publish_timeout_seconds)
+        except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
+            last = exc
+    raise ConnectionError(f"no node of AMQP_URL answers: {last!r}")
 
 
 async def read_status(settings: Settings) -> Status:

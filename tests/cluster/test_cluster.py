@@ -58,17 +58,6 @@ class OutcomeNotLogged(AssertionError):
     """An expired hold whose ``expired`` outcome no consumer logged."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OutcomeNotLogged,
-    reason=(
-        "service/batch.py settle_items() skips every item whose future is already done; "
-        "when a connection is lost, aiormq cancels the delivery tasks that wait on their "
-        "batch (which cancels those futures), so a batch that commits afterwards expires "
-        "the holds without logging or counting their 'expired' outcome; their redeliveries "
-        "then log 'already-done'"
-    ),
-)
 async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outcomes(
     rabbit_cluster: RabbitCluster, cluster_vhost: str, cluster_database: str, tmp_path: Path
 ) -> None:
@@ -139,15 +128,6 @@ class StatusMissedTheCluster(AssertionError):
     """``status`` called the broker unreachable while a node of ``AMQP_URL`` served."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StatusMissedTheCluster,
-    reason=(
-        "service/status.py read_queues() connects with aio_pika.connect(settings.amqp_url[0]), "
-        "the first node only, instead of broker.connect(): with that node down, status "
-        "reports 'broker unreachable' and exits 1 although the other nodes serve"
-    ),
-)
 async def test_status_reads_the_queues_through_another_node_when_the_first_is_down(
     rabbit_cluster: RabbitCluster, cluster_vhost: str, cluster_database: str, tmp_path: Path
 ) -> None:

@@ -56,3 +56,18 @@ async def test_each_delivery_gets_its_own_outcome() -> None:
 def test_duplicate_outcome_is_what_sequential_handling_gives(first: Outcome, then: Outcome) -> None:
     """A later copy in the same batch sees what the first copy left."""
     assert duplicate_outcome(first) is then
+
+
+async def test_a_win_nobody_waits_for_is_still_reported() -> None:
+    """A delivery cancelled with its channel, whose batch then committed, is an orphan."""
+    won, lost = uuid.uuid4(), uuid.uuid4()
+    gone, alive, other = _item(won), _item(won), _item(lost)
+    gone.future.cancel()
+    rows = {
+        won: BatchRow(won=True, lag=1.0, status="held", due=True),
+        lost: BatchRow(won=False, lag=None, status="consumed", due=True),
+    }
+    orphans = settle_items([gone, alive, other], rows)
+    assert [(item is gone, expiry.outcome) for item, expiry in orphans] == [(True, Outcome.EXPIRED)]
+    assert alive.future.result().outcome is Outcome.ALREADY_DONE  # the win was reported once
+    assert other.future.result().outcome is Outcome.NOT_ELIGIBLE
