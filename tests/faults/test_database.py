@@ -91,9 +91,9 @@ async def test_connection_cut_during_commit(world: World) -> None:
     async with fault_proxy(world.database_url, 5432, cutter) as proxy:
         run = LoadRun(world, workload)
         run.consumer_env["DATABASE_URL"] = without_tls(proxy.url(world.database_url))
-        await run.start(consumers=1)
-        await run.reach(0.2)
+        # Armed from the start: a whole prefetch window can finish in one batch.
         cutter.armed = True
+        await run.start(consumers=1)
         async with asyncio.timeout(30):
             while cutter.fired is None or not cutter.fired.closed:
                 await asyncio.sleep(0.05)
