@@ -53,7 +53,8 @@ The end check
 and the queues. Every due hold that the support side did not consume is
 ``expired`` with exactly one transition; no consumed hold was expired; no
 future hold was touched; nothing left a final state or was deleted; the
-service's own audit trail agrees with the trigger; every queue but
+service's own audit trail agrees with the trigger, and ``python -m
+service.verify`` (the service's own proof) finds nothing; every queue but
 ``expirations.dead`` is empty; ``expirations.dead`` holds exactly the expected
 commands, once each. The support side (``workload.support_side``) consumes a
 few holds with its own guarded update while the service runs, so races

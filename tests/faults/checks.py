@@ -8,7 +8,8 @@ the rows themselves and the queues:
   expected dead letter) is ``expired``, with exactly one transition;
 - no consumed hold was expired; no future hold was touched; nothing left a
   final state, nothing was deleted;
-- the service's own audit trail agrees with the trigger;
+- the service's own audit trail agrees with the trigger, and the service's
+  own proof (``python -m service.verify``) finds no violation;
 - the work queue, every delay queue and any other queue of the service but
   ``expirations.dead`` are empty;
 - the dead-letter queue holds exactly the expected commands, once each.
@@ -311,6 +312,14 @@ def reservation_of(message: aio_pika.abc.AbstractIncomingMessage) -> str:
     return "<unreadable>"
 
 
+async def service_verify(world: World) -> list[str]:
+    """The service's own proof, ``python -m service.verify``, as a second opinion."""
+    process = await world.fleet.run("service.verify", "--json", name="verify", env=world.env())
+    if process.returncode == 0:
+        return []
+    return [f"python -m service.verify exited {process.returncode}: {process.text()[-1500:]}"]
+
+
 async def verify(world: World, expect: Expectation, *, settled: bool = True) -> Outcome:
     """Check the invariant (see the module docstring); return the figures it found.
 
@@ -333,6 +342,7 @@ async def verify(world: World, expect: Expectation, *, settled: bool = True) -> 
             f"{len(unexpected)} unexpected dead letters, e.g. {unexpected[:3]}; "
             f"{len(missing)} expected ones missing, e.g. {missing[:3]}"
         )
+    problems += await service_verify(world)
     assert not problems, "invariant violated:\n  " + "\n  ".join(problems)
     expired = sum(1 for r in state.values() if r.status == "expired")
     consumed = sum(1 for r in state.values() if r.status == "consumed")
