@@ -125,12 +125,17 @@ SELECT r.id, r.hold_until
 
 # A short claim: the page's rows are locked only for this statement's
 # transaction, so consumers never wait behind a scan that is publishing.
+# Only a lapsed lease is taken over: the conflict check reads the latest
+# committed row, so a scan whose page query saw an older snapshot cannot take
+# a claim that another scan has just committed (it gets no row back for it).
 CLAIM_LEASES = """
 INSERT INTO publish_leases (reservation_id, message_id, lease_until)
 SELECT id, message_id, clock_timestamp() + make_interval(secs => $3)
   FROM unnest($1::uuid[], $2::text[]) AS batch (id, message_id)
     ON CONFLICT (reservation_id) DO UPDATE
    SET message_id = EXCLUDED.message_id, lease_until = EXCLUDED.lease_until
+ WHERE publish_leases.lease_until <= clock_timestamp()
+RETURNING reservation_id
 """
 
 # The broker confirmed these: the lease now runs for the full lease length.
@@ -277,9 +282,11 @@ async def claim_due(
 
 async def claim_leases(
     conn: Connection, ids: Sequence[UUID], message_ids: Sequence[str], *, claim_seconds: float
-) -> None:
-    """Mark these holds as being published (a claim that lapses on its own)."""
-    await conn.execute(CLAIM_LEASES, list(ids), list(message_ids), claim_seconds)
+) -> set[UUID]:
+    """Claim these holds for publishing (a claim that lapses on its own); return those
+    this scan got (another scan may hold a live claim on some)."""
+    rows = await conn.fetch(CLAIM_LEASES, list(ids), list(message_ids), claim_seconds)
+    return {row["reservation_id"] for row in rows}
 
 
 async def record_leases(conn: Connection, ids: Sequence[UUID], *, lease_seconds: int) -> None:

@@ -88,7 +88,10 @@ async def scan_pass(
     result = ScanResult()
     until = await db.db_now(conn)
     cursor = (db.EPOCH_START, db.NIL_UUID)
-    while batch := await claim_page(conn, settings, until=until, after=cursor):
+    while True:
+        page, batch = await claim_page(conn, settings, until=until, after=cursor)
+        if not page:
+            break
         confirmed = await publish_batch(exchange, batch, settings.publish_timeout_seconds)
         done = {hold.id for hold in confirmed}
         failed = [hold.id for hold in batch if hold.id not in done]
@@ -100,25 +103,28 @@ async def scan_pass(
         result.batches += 1
         result.published += len(confirmed)
         result.failed += len(failed)
-        if failed or len(batch) < settings.scan_batch_size:
+        if failed or len(page) < settings.scan_batch_size:
             break
-        cursor = (batch[-1].hold_until, batch[-1].id)
+        cursor = (page[-1].hold_until, page[-1].id)
     return result
 
 
 async def claim_page(
     conn: db.Connection, settings: Settings, *, until: datetime, after: tuple[datetime, UUID]
-) -> list[db.DueHold]:
-    """Lock the next page, claim it with a short lease, commit: locks last milliseconds."""
+) -> tuple[list[db.DueHold], list[db.DueHold]]:
+    """Lock the next page, claim it with a short lease, commit: locks last milliseconds.
+
+    Returns the page (for the cursor) and the holds this scan claimed in it.
+    """
     async with conn.transaction():
-        batch = await db.claim_due(conn, until=until, after=after, limit=settings.scan_batch_size)
-        await db.claim_leases(
+        page = await db.claim_due(conn, until=until, after=after, limit=settings.scan_batch_size)
+        claimed = await db.claim_leases(
             conn,
-            [hold.id for hold in batch],
-            [message_id(hold.id, hold.hold_until) for hold in batch],
+            [hold.id for hold in page],
+            [message_id(hold.id, hold.hold_until) for hold in page],
             claim_seconds=settings.publish_timeout_seconds + CLAIM_MARGIN_SECONDS,
         )
-    return batch
+    return page, [hold for hold in page if hold.id in claimed]
 
 
 async def publish_batch(
@@ -126,6 +132,8 @@ async def publish_batch(
 ) -> list[db.DueHold]:
     """Publish a page concurrently, one window of confirms with one deadline for the
     whole window; return the holds whose commands the broker confirmed."""
+    if not batch:
+        return []
     tasks = [
         asyncio.ensure_future(
             broker.publish_confirmed(exchange, build_command(hold), ROUTING_KEY, timeout=None)

@@ -191,16 +191,6 @@ async def test_scan_whose_confirms_are_lost(world: World) -> None:
     )
 
 
-SCANS_SPLIT_BUG = (
-    "service bug: two overlapping scans can both claim and publish the same page. "
-    "CLAIM_DUE checks the lease with the statement's snapshot; a page claimed and "
-    "committed by another scan after that snapshot is no longer locked when this scan "
-    "reaches it, so SKIP LOCKED does not skip it, and CLAIM_LEASES' ON CONFLICT DO UPDATE "
-    "overwrites the live claim (see the report: take over only a lapsed lease, RETURNING)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SCANS_SPLIT_BUG)
 async def test_overlapping_scans_publish_each_hold_once(world: World) -> None:
     """Four scans at once with small pages, a few rounds: no hold is published twice."""
     for _round in range(3):

@@ -176,9 +176,11 @@ async def test_broker_connection_lost_mid_update(
     assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
     # The first delivery's task died with its channel: it never logged nor acked. Its
     # update may still have committed (in a batch): then the redelivery finds it done.
+    # If it did, the batch logs that expiry itself (orphaned), and the redelivery finds
+    # it already done: exactly one "expired" line either way.
     outcomes = [r.outcome for r in _events(caplog, "expiry.outcome")]  # type: ignore[attr-defined]
-    assert len(outcomes) == 1
-    assert outcomes[0] in ("expired", "already-done")
+    assert outcomes.count("expired") == 1, outcomes
+    assert set(outcomes) <= {"expired", "already-done"}, outcomes
 
 
 async def test_consumer_moves_to_another_node_when_its_node_goes_away(
