@@ -109,8 +109,32 @@ class Batcher:
         """Wait for this delivery's outcome (raises ``BatchFallback`` to go it alone)."""
         future: asyncio.Future[db.Expiry] = asyncio.get_running_loop().create_future()
         span_context = trace.get_current_span().get_span_context()
-        self.queue.put_nowait(Item(reservation_id, message_id, attempt, future, span_context))
-        return await future
+        item = Item(reservation_id, message_id, attempt, future, span_context)
+        self.queue.put_nowait(item)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Cancelled with its channel after the batch had already given it its
+            # outcome: the effect is committed, so report it here, once.
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.report_orphan(item, future.result())
+            raise
+
+    def report_orphan(self, item: Item, expiry: db.Expiry) -> None:
+        """Log and count an outcome no delivery task is left to report (never acked)."""
+        log.info(
+            "expiry.outcome",
+            extra={
+                "reservation_id": str(item.reservation_id),
+                "message_id": item.message_id,
+                "attempt": item.attempt,
+                "outcome": expiry.outcome.value,
+                "acked": False,
+                "orphaned": True,
+            },
+        )
+        if self.metrics is not None:
+            self.metrics.outcome(expiry.outcome, seconds=0.0, lag=expiry.lag_seconds)
 
     async def close(self) -> None:
         """Stop the workers (call after the deliveries drained)."""
@@ -178,16 +202,4 @@ class Batcher:
                 return
         for item, expiry in settle_items(batch, rows):
             # Committed, never acked (its channel is gone): the redelivery will be already-done.
-            log.info(
-                "expiry.outcome",
-                extra={
-                    "reservation_id": str(item.reservation_id),
-                    "message_id": item.message_id,
-                    "attempt": item.attempt,
-                    "outcome": expiry.outcome.value,
-                    "acked": False,
-                    "orphaned": True,
-                },
-            )
-            if self.metrics is not None:
-                self.metrics.outcome(expiry.outcome, seconds=0.0, lag=expiry.lag_seconds)
+            self.report_orphan(item, expiry)

@@ -144,11 +144,14 @@ class Consumer:
             await self.on_failure(message, attempt, reservation_id, exc, started)
             return
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
-        acked = await broker.settle(message.ack, attempt.message_id)
-        span.set_attribute("expiry.outcome", expiry.outcome.value)
-        elapsed = time.monotonic() - started
-        self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
-        _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
+        acked = False
+        try:
+            acked = await broker.settle(message.ack, attempt.message_id)
+        finally:  # cancelled with its channel during the ack: the effect still happened
+            span.set_attribute("expiry.outcome", expiry.outcome.value)
+            elapsed = time.monotonic() - started
+            self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
+            _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
 
     async def handle_suspect(
         self, reservation_id: UUID, attempt: Attempt, body: bytes
