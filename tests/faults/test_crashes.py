@@ -71,7 +71,10 @@ async def test_sigkill_consumers_at_random_moments(world: World) -> None:
             for e in stats.for_reservation(str(reservation_id))
             if e.get("event") == "expiry.outcome"
         ]
-        assert after_crash == [("already-done", True)], (reservation_id, after_crash)
+        # Its redelivery is found already done (never expired again). Its log line can be
+        # missing when the random SIGKILL hits that consumer between its ack and its log
+        # line; the invariant check above has already proven the single transition.
+        assert set(after_crash) <= {("already-done", True)}, (reservation_id, after_crash)
     report(
         "1 SIGKILL consumers",
         holds=workload.holds,
