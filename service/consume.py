@@ -18,6 +18,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service import broker, db, telemetry
+from service.acks import Acker
 from service.batch import Batcher
 from service.cli import run_command
 from service.errors import classify
@@ -103,6 +104,7 @@ async def _consume(
         in_flight=in_flight,
         metrics=metrics,
         batcher=batcher,
+        acker=Acker() if batcher is not None else None,
     )
     work = declared.queues[QUEUE]
     dead_log = await record_channel.get_queue(DEAD_LOG_QUEUE, ensure=False)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -22,6 +23,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
 from opentelemetry import trace
 
 from service import broker, db
+from service.acks import Acker
 from service.batch import Batcher, BatchFallback
 from service.domain import Outcome, parse_command
 from service.errors import CrashLoop, PublishNotConfirmed, ServiceError, classify
@@ -101,10 +103,12 @@ class Consumer:
         in_flight: broker.InFlight,
         metrics: Metrics,
         batcher: Batcher | None = None,
+        acker: Acker | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.batcher = batcher
+        self.acker = acker
         self.quarantine = asyncio.Lock()
         self.pool = pool
         self.retry_exchange = retry_exchange
@@ -146,7 +150,7 @@ class Consumer:
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = False
         try:
-            acked = await broker.settle(message.ack, attempt.message_id)
+            acked = await broker.settle(self._ack_action(message), attempt.message_id)
         finally:  # cancelled with its channel during the ack: the effect still happened
             span.set_attribute("expiry.outcome", expiry.outcome.value)
             elapsed = time.monotonic() - started
@@ -231,8 +235,11 @@ class Consumer:
             log.warning("expiry.copy_failed", extra={**facts, "copy_error": str(publish_exc)})
             await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
             await broker.settle(lambda: message.nack(requeue=True), attempt.message_id)
+            self._settled_alone(message)
             return
-        if not await broker.settle(message.ack, attempt.message_id):
+        acked = await broker.settle(message.ack, attempt.message_id)
+        self._settled_alone(message)
+        if not acked:
             return
         elapsed = time.monotonic() - started
         if isinstance(decision, Retry):
@@ -278,6 +285,17 @@ class Consumer:
         await broker.publish_confirmed(
             exchange, copy, routing_key, timeout=self.settings.publish_timeout_seconds
         )
+
+    def _ack_action(self, message: AbstractIncomingMessage) -> Callable[[], Awaitable[None]]:
+        """How to ack a committed delivery: coalesced with its neighbours, or alone."""
+        if self.acker is None:
+            return message.ack
+        acker = self.acker
+        return lambda: acker.ack(message)
+
+    def _settled_alone(self, message: AbstractIncomingMessage) -> None:
+        if self.acker is not None:
+            self.acker.settled(message)
 
     def _failpoint(self, name: str) -> None:
         if self.settings.failpoint and self.settings.failpoint.lower() == name:
