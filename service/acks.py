@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +30,16 @@ log = logging.getLogger("service.consume")
 
 STUCK_AFTER_SECONDS = 0.05
 
+# Told once whether a delivery's ack was sent (None) or why it could not be.
+Done = Callable[[BaseException | None], None]
+
 
 @dataclass
 class AckWindow:
     """One channel's delivery tags: which are settled, which wait for an ack."""
 
     floor: int = 0  # every tag <= floor is settled
-    ready: dict[int, Any] = field(default_factory=dict)  # tag -> what waits for its ack
+    ready: dict[int, Any] = field(default_factory=dict)  # tag -> who waits for its ack
     settled: set[int] = field(default_factory=set)  # settled alone, above the floor
 
     def take_prefix(self) -> tuple[int | None, list[Any]]:
@@ -93,11 +97,23 @@ class Acker:
         Raises ``ChannelInvalidStateError`` when its channel is gone (its tag is
         void; the broker redelivers it), like ``message.ack()``.
         """
-        state = self._state(message)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        state.window.ready[message.delivery_tag or 0] = future
-        self._wake(state)
+        self.ack_soon(message, lambda exc: _settle_future(future, exc))
         await future
+
+    def ack_soon(self, message: AbstractIncomingMessage, done: Done) -> None:
+        """Ack ``message`` with its neighbours; ``done(None)`` once the frame is sent.
+
+        ``done(exc)`` instead when it cannot be (its channel is gone: the broker
+        redelivers it). ``done`` is called once, from the event loop.
+        """
+        try:
+            state = self._state(message)
+        except aiormq.exceptions.ChannelInvalidStateError as exc:
+            done(exc)
+            return
+        state.window.ready[message.delivery_tag or 0] = done
+        self._wake(state)
 
     def settled(self, message: AbstractIncomingMessage) -> None:
         """``message`` was settled alone (a retry, a dead letter, a nack)."""
@@ -144,17 +160,26 @@ class Acker:
                 async with asyncio.timeout(stuck_since + self.stuck_after - now):
                     await state.changed.wait()
             except TimeoutError:
-                for tag, future in state.window.take_stuck():
-                    if not await _send(state, tag, [future], multiple=False):
+                stuck = state.window.take_stuck()
+                for index, (tag, done) in enumerate(stuck):
+                    if not await _send(state, tag, [done], multiple=False, then=stuck[index + 1 :]):
                         return
                 stuck_since = None
 
 
-async def _send(state: _Channel, tag: int, waiting: list[Any], *, multiple: bool) -> bool:
+async def _send(
+    state: _Channel,
+    tag: int,
+    waiting: list[Done],
+    *,
+    multiple: bool,
+    then: Sequence[tuple[int, Done]] = (),
+) -> bool:
+    """One ack frame for ``waiting``; on failure ``waiting``, ``then`` and the rest fail."""
     try:
         await state.channel.basic_ack(delivery_tag=tag, multiple=multiple)
     except Exception as exc:
-        _resolve(waiting, exc)
+        _resolve([*waiting, *(done for _, done in then)], exc)
         _fail(state, exc)
         return False
     _resolve(waiting, None)
@@ -163,15 +188,23 @@ async def _send(state: _Channel, tag: int, waiting: list[Any], *, multiple: bool
 
 def _fail(state: _Channel, exc: BaseException) -> None:
     """The channel is gone: nothing it held can be acked any more."""
-    _resolve(list(state.window.ready.values()), exc)
+    waiting = list(state.window.ready.values())
     state.window.ready.clear()
+    _resolve(waiting, exc)
 
 
-def _resolve(futures: list[Any], exc: BaseException | None) -> None:
-    for future in futures:
-        if future.done():
-            continue
-        if exc is None:
-            future.set_result(None)
-        else:
-            future.set_exception(exc)
+def _resolve(waiting: list[Done], exc: BaseException | None) -> None:
+    for done in waiting:
+        try:
+            done(exc)
+        except Exception:  # one delivery's report must not keep the others from theirs
+            log.exception("expiry.ack_report_failed")
+
+
+def _settle_future(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -32,16 +33,55 @@ class BatchFallback(ServiceError):
     """This delivery must be handled on its own (its batch failed, or its result was ambiguous)."""
 
 
-@dataclass
+class ConsumerStopping(BatchFallback):
+    """The consumer stopped before this delivery's batch ran (it is left to redelivery)."""
+
+
+Result = db.Expiry | BaseException
+
+
+@dataclass(eq=False)
 class Item:
-    """One validated delivery waiting for its batch."""
+    """One validated delivery waiting for its batch.
+
+    Its outcome goes to ``future`` (a delivery task awaits it) or, when there
+    is none, to ``on_result`` (called from the batch's task, which must not raise).
+    """
 
     reservation_id: UUID
     message_id: str
     attempt: int
-    future: asyncio.Future[db.Expiry]
+    future: asyncio.Future[db.Expiry] | None
     span_context: trace.SpanContext
     context: otel_context.Context = field(default_factory=otel_context.get_current)
+    on_result: Callable[[Result], None] | None = None
+    given: bool = False
+
+    @property
+    def abandoned(self) -> bool:
+        """Its delivery task was cancelled (with its channel): nobody waits any more."""
+        return self.future is not None and self.future.cancelled()
+
+    @property
+    def settled(self) -> bool:
+        """It has its outcome already (or nobody waits for it)."""
+        return self.given or (self.future is not None and self.future.done())
+
+    def give(self, result: Result) -> None:
+        """Hand over its outcome, once."""
+        if self.settled:
+            return
+        self.given = True
+        if self.future is not None:
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+        elif self.on_result is not None:
+            try:
+                self.on_result(result)
+            except Exception:  # one delivery's report must not keep the others from theirs
+                log.exception("expiry.report_failed", extra={"message_id": self.message_id})
 
 
 def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple[Item, db.Expiry]]:
@@ -54,7 +94,7 @@ def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple
     first: dict[UUID, db.Expiry] = {}
     orphans: list[tuple[Item, db.Expiry]] = []
     for item in items:
-        if item.future.cancelled():
+        if item.abandoned:
             row = rows.get(item.reservation_id)
             if row is not None and row.won and item.reservation_id not in first:
                 first[item.reservation_id] = db.Expiry(
@@ -62,11 +102,11 @@ def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple
                 )
                 orphans.append((item, first[item.reservation_id]))
             continue
-        if item.future.done():
+        if item.settled:
             continue
         if item.reservation_id in first:
             earlier = first[item.reservation_id]
-            item.future.set_result(db.Expiry(duplicate_outcome(earlier.outcome), None))
+            item.give(db.Expiry(duplicate_outcome(earlier.outcome), None))
             continue
         row = rows.get(item.reservation_id)
         try:
@@ -74,13 +114,13 @@ def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple
                 raise BatchFallback("no result for this reservation")
             expiry = db.Expiry(outcome_of(won=row.won, status=row.status, due=row.due), row.lag)
         except UnknownReservation as exc:
-            item.future.set_exception(exc)
+            item.give(exc)
             continue
         except ServiceError as exc:  # ambiguous (a concurrent change): decide it alone
-            item.future.set_exception(BatchFallback(str(exc)))
+            item.give(BatchFallback(str(exc)))
             continue
         first[item.reservation_id] = expiry
-        item.future.set_result(expiry)
+        item.give(expiry)
     return orphans
 
 
@@ -104,6 +144,10 @@ class Batcher:
         self.wait = wait_ms / 1000
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
+
+    def put(self, item: Item) -> None:
+        """Queue ``item``; its outcome goes to its ``on_result`` after its batch."""
+        self.queue.put_nowait(item)
 
     async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> db.Expiry:
         """Wait for this delivery's outcome (raises ``BatchFallback`` to go it alone)."""
@@ -141,6 +185,8 @@ class Batcher:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        while not self.queue.empty():
+            self.queue.get_nowait().give(ConsumerStopping("consumer stopping"))
 
     async def _gather(self) -> list[Item]:
         batch = [await self.queue.get()]
@@ -163,8 +209,7 @@ class Batcher:
                 await self.run(batch)
             except asyncio.CancelledError:
                 for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(BatchFallback("consumer stopping"))
+                    item.give(ConsumerStopping("consumer stopping"))
                 raise
 
     async def run(self, batch: list[Item]) -> None:
@@ -197,8 +242,7 @@ class Batcher:
                     extra={"batch_size": len(batch), "error": type(exc).__name__},
                 )
                 for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(BatchFallback("its batch failed"))
+                    item.give(BatchFallback("its batch failed"))
                 return
         for item, expiry in settle_items(batch, rows):
             # Committed, never acked (its channel is gone): the redelivery will be already-done.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -142,6 +143,10 @@ async def publish_confirmed(
         ) from exc
 
 
+# What an ack or a nack can raise when the broker can no longer be told.
+SETTLE_ERRORS = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, OSError)
+
+
 async def settle(action: Callable[[], Awaitable[None]], message_id: str) -> bool:
     """Ack or nack a delivery; never on a channel that was replaced after a reconnect.
 
@@ -150,45 +155,77 @@ async def settle(action: Callable[[], Awaitable[None]], message_id: str) -> bool
     """
     try:
         await action()
-    except aiormq.exceptions.ChannelInvalidStateError:
-        # The delivery belongs to a channel that is gone: its tag is void, and
-        # the broker redelivers the message (the guarded update makes that safe).
-        log.warning("expiry.stale_delivery", extra={"message_id": message_id})
-        return False
-    except (aiormq.exceptions.AMQPError, OSError) as exc:
-        log.warning(
-            "expiry.settle_failed", extra={"message_id": message_id, "error": type(exc).__name__}
-        )
+    except SETTLE_ERRORS as exc:
+        settle_failed(exc, message_id)
         return False
     return True
 
 
+def settle_failed(exc: BaseException, message_id: str) -> None:
+    """Log why a delivery could not be settled (it will be redelivered)."""
+    if isinstance(exc, aiormq.exceptions.ChannelInvalidStateError):
+        # The delivery belongs to a channel that is gone: its tag is void, and
+        # the broker redelivers the message (the guarded update makes that safe).
+        log.warning("expiry.stale_delivery", extra={"message_id": message_id})
+    else:
+        log.warning(
+            "expiry.settle_failed", extra={"message_id": message_id, "error": type(exc).__name__}
+        )
+
+
 class InFlight:
-    """The tasks of deliveries being handled, so that shutdown can wait for them."""
+    """Deliveries being handled, so that shutdown can wait for them.
+
+    A delivery is handled in a task of its own (``track``) or, batched, without
+    one: it is counted from ``begin`` to ``end``.
+    """
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.open = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
-    def track(self) -> None:
-        """Register the current task until it finishes."""
-        task = asyncio.current_task()
+    def track(self, task: asyncio.Task[Any] | None = None) -> None:
+        """Register ``task`` (default: the current one) until it finishes."""
+        task = task or asyncio.current_task()
         if task is not None:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def begin(self) -> None:
+        """A delivery without a task of its own is now handled."""
+        self.open += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        """...and is now settled (or left to redelivery)."""
+        self.open -= 1
+        if self.open <= 0:
+            self.open = 0
+            self._idle.set()
+
+    def __len__(self) -> int:
+        return len(self.tasks) + self.open
 
     async def drain(self, timeout: float) -> int:
         """Wait for them; past ``timeout`` cancel the rest (unacked, so redelivered).
 
         Returns how many were abandoned.
         """
-        if not self.tasks:
-            return 0
-        _done, pending = await asyncio.wait(set(self.tasks), timeout=timeout)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.tasks or self.open:
+                    if self.tasks:
+                        await asyncio.wait(set(self.tasks))
+                    if self.open:
+                        await self._idle.wait()
+        pending = set(self.tasks)
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-        return len(pending)
+        return len(pending) + self.open
 
 
 def _cancelling() -> bool:

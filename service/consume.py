@@ -115,7 +115,7 @@ async def _consume(
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every):
         await stop.wait()
-        log.info("consumer.draining", extra={"in_flight": len(in_flight.tasks)})
+        log.info("consumer.draining", extra={"in_flight": len(in_flight)})
         for queue, tag in consumers:
             try:
                 await queue.cancel(tag)

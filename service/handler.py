@@ -10,6 +10,7 @@ is acked only after that copy was confirmed by the broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -23,8 +24,8 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
 from opentelemetry import trace
 
 from service import broker, db
-from service.acks import Acker
-from service.batch import Batcher, BatchFallback
+from service.acks import Acker, Done
+from service.batch import Batcher, BatchFallback, ConsumerStopping, Item, Result
 from service.domain import Outcome, parse_command
 from service.errors import CrashLoop, PublishNotConfirmed, ServiceError, classify
 from service.metrics import Metrics
@@ -122,9 +123,118 @@ class Consumer:
         )
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """The broker's callback: track the task so that shutdown can wait for it."""
+        """The broker's callback: batched at once, or handled here (tracked for shutdown)."""
+        if self._batch(message):
+            return
         self.in_flight.track()
         await self.handle(message)
+
+    def _batch(self, message: AbstractIncomingMessage) -> bool:
+        """The fast path: the first delivery of a valid command joins a batch, and its
+        task ends here; the batch acks and reports it (``_batched``).
+
+        Everything else takes the full path, in the delivery's own task: a
+        redelivered suspect, a body that does not parse, batching off, and a
+        traced delivery (its consumer span must cover the whole job).
+        """
+        if self.batcher is None or message.redelivered or trace.get_current_span().is_recording():
+            return False
+        started = time.monotonic()
+        try:
+            command = parse_command(message.body)
+        except Exception:  # the full path classifies it and dead-letters it
+            return False
+        attempt = read_attempt(message, now_ms())
+        if self.settings.failpoint:
+            self._failpoint(FAILPOINT_EXIT_ON + str(command.reservation_id))
+        self.in_flight.begin()
+        self.batcher.put(
+            Item(
+                command.reservation_id,
+                attempt.message_id,
+                attempt.number,
+                None,
+                trace.INVALID_SPAN_CONTEXT,
+                on_result=functools.partial(
+                    self._batched, message, attempt, command.reservation_id, started
+                ),
+            )
+        )
+        return True
+
+    def _batched(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: UUID,
+        started: float,
+        result: Result,
+    ) -> None:
+        """A batched delivery's outcome: acked with its neighbours, or handled alone."""
+        if isinstance(result, ConsumerStopping):
+            self.in_flight.end()  # never acked: the broker redelivers it
+            return
+        if isinstance(result, BaseException):
+            alone = self._alone(message, attempt, reservation_id, started, result)
+            self.in_flight.track(asyncio.create_task(alone))
+            self.in_flight.end()
+            return
+        self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
+        report = functools.partial(
+            self._acked, message, attempt, str(reservation_id), result, started
+        )
+        if self.acker is not None:
+            self.acker.ack_soon(message, report)
+        else:
+            task = asyncio.create_task(self._ack_then(message, report))
+            self.in_flight.track(task)
+
+    async def _ack_then(self, message: AbstractIncomingMessage, report: Done) -> None:
+        try:
+            await message.ack()
+        except broker.SETTLE_ERRORS as exc:
+            report(exc)
+        else:
+            report(None)
+
+    def _acked(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: str,
+        expiry: db.Expiry,
+        started: float,
+        exc: BaseException | None,
+    ) -> None:
+        """Report a batched delivery once its ack was sent (or could not be)."""
+        try:
+            if exc is not None:
+                broker.settle_failed(exc, attempt.message_id)
+            self._report(message, attempt, reservation_id, expiry, started, acked=exc is None)
+        finally:
+            self.in_flight.end()
+
+    async def _alone(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: UUID,
+        started: float,
+        why: BaseException,
+    ) -> None:
+        """A batched delivery its batch could not decide: alone, as the full path would."""
+        if not isinstance(why, BatchFallback):  # e.g. an unknown reservation
+            error = why if isinstance(why, Exception) else RuntimeError(type(why).__name__)
+            await self.on_failure(message, attempt, str(reservation_id), error, started)
+            return
+        try:
+            expiry = await self.expire_alone(reservation_id, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self.on_failure(message, attempt, str(reservation_id), exc, started)
+            return
+        await self.finish(message, attempt, str(reservation_id), expiry, started)
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Process one delivery and settle it explicitly."""
@@ -147,15 +257,38 @@ class Consumer:
         except Exception as exc:
             await self.on_failure(message, attempt, reservation_id, exc, started)
             return
+        await self.finish(message, attempt, reservation_id, expiry, started)
+
+    async def finish(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: str,
+        expiry: db.Expiry,
+        started: float,
+    ) -> None:
+        """Ack a committed delivery, then report it (even when cancelled during the ack)."""
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = False
         try:
             acked = await broker.settle(self._ack_action(message), attempt.message_id)
         finally:  # cancelled with its channel during the ack: the effect still happened
-            span.set_attribute("expiry.outcome", expiry.outcome.value)
-            elapsed = time.monotonic() - started
-            self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
-            _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
+            trace.get_current_span().set_attribute("expiry.outcome", expiry.outcome.value)
+            self._report(message, attempt, reservation_id, expiry, started, acked=acked)
+
+    def _report(
+        self,
+        message: AbstractIncomingMessage,
+        attempt: Attempt,
+        reservation_id: str,
+        expiry: db.Expiry,
+        started: float,
+        *,
+        acked: bool,
+    ) -> None:
+        elapsed = time.monotonic() - started
+        self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
+        _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
 
     async def handle_suspect(
         self, reservation_id: UUID, attempt: Attempt, body: bytes

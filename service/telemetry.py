@@ -8,6 +8,7 @@ served for Prometheus on ``EXPIRY_HTTP_PORT`` and/or pushed by OTLP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -99,9 +100,51 @@ class TextFormatter(logging.Formatter):
         return line.rstrip()
 
 
+class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes the lines logged in one turn of the event loop together, at its end.
+
+    A consumer logs a line per delivery and settles hundreds in one turn: one
+    write for them instead of one each. Warnings and worse, and lines logged
+    outside the loop's thread, are written at once, after what waits before them.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._lines: list[str] = []
+        self._scheduled = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        self._lines.append(line)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or record.levelno >= logging.WARNING:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._scheduled = False
+            if self._lines:
+                lines, self._lines = self._lines, []
+                try:
+                    self.stream.write("\n".join(lines) + "\n")
+                except Exception:
+                    self.handleError(logging.makeLogRecord({"msg": "log write failed"}))
+            super().flush()
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Send log lines to stderr in the chosen format."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = TurnHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
