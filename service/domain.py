@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
@@ -80,8 +79,10 @@ def command_body(reservation_id: UUID, hold_until: datetime) -> bytes:
     """The JSON body of a command, as the contract spells it (a numeric UTC offset)."""
     if hold_until.tzinfo is None:
         raise ValueError("hold_until must be timezone-aware")
-    body = {"reservation_id": str(reservation_id), "hold_until": hold_until.isoformat()}
-    return json.dumps(body, separators=(",", ":")).encode()
+    # Neither a UUID nor an ISO 8601 time has a character JSON must escape: the
+    # same bytes json.dumps gives, at a third of its cost (the scan builds many).
+    when = hold_until.isoformat()
+    return f'{{"reservation_id":"{reservation_id}","hold_until":"{when}"}}'.encode()
 
 
 def outcome_of(*, won: bool, status: str | None, due: bool) -> Outcome:

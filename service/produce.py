@@ -84,29 +84,61 @@ async def scan(settings: Settings) -> ScanResult:
 async def scan_pass(
     conn: db.Connection, exchange: AbstractExchange, settings: Settings
 ) -> ScanResult:
-    """Publish every due hold without a live lease, as of the scan's start."""
+    """Publish every due hold without a live lease, as of the scan's start.
+
+    Pipelined two pages deep: while one page's confirms come in, the next page
+    is claimed and published, and the page before is recorded; so neither the
+    broker nor the database waits for the other, and at most two pages are in
+    memory whatever the backlog.
+    """
     result = ScanResult()
     until = await db.db_now(conn)
     cursor = (db.EPOCH_START, db.NIL_UUID)
-    while True:
-        page, batch = await claim_page(conn, settings, until=until, after=cursor)
-        if not page:
-            break
-        confirmed = await publish_batch(exchange, batch, settings.publish_timeout_seconds)
-        done = {hold.id for hold in confirmed}
-        failed = [hold.id for hold in batch if hold.id not in done]
-        async with conn.transaction():
-            await db.record_leases(
-                conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
-            )
-            await db.release_claims(conn, failed)
-        result.batches += 1
-        result.published += len(confirmed)
-        result.failed += len(failed)
-        if failed or len(page) < settings.scan_batch_size:
-            break
-        cursor = (page[-1].hold_until, page[-1].id)
+    previous: Publishing | None = None
+    try:
+        while True:
+            page, batch = await claim_page(conn, settings, until=until, after=cursor)
+            pending = previous
+            previous = Publishing(batch, settings.publish_timeout_seconds, exchange)
+            if pending is not None:
+                await record_page(conn, settings, pending, result)
+            if not page or len(page) < settings.scan_batch_size or result.failed:
+                break
+            cursor = (page[-1].hold_until, page[-1].id)
+    finally:
+        if previous is not None:
+            await record_page(conn, settings, previous, result)
     return result
+
+
+class Publishing:
+    """One page's commands on their way: published at once, confirms awaited later."""
+
+    def __init__(self, batch: list[db.DueHold], timeout: float, exchange: AbstractExchange) -> None:
+        self.batch = batch
+        self.task = asyncio.ensure_future(publish_batch(exchange, batch, timeout))
+
+
+async def record_page(
+    conn: db.Connection, settings: Settings, page: Publishing, result: ScanResult
+) -> None:
+    """Wait for a page's confirms; extend the leases of the confirmed, lapse the others."""
+    try:
+        confirmed = await page.task
+    except BaseException:
+        page.task.cancel()
+        raise
+    done = {hold.id for hold in confirmed}
+    failed = [hold.id for hold in page.batch if hold.id not in done]
+    async with conn.transaction():
+        await db.record_leases(
+            conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
+        )
+        await db.release_claims(conn, failed)
+    if page.batch:
+        result.batches += 1
+    result.published += len(confirmed)
+    result.failed += len(failed)
 
 
 async def claim_page(
@@ -171,14 +203,24 @@ async def _scan_and_report(settings: Settings) -> None:
 
 
 async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -> None:
-    """Scan, then wait ``interval`` seconds, until ``stop``; a failed scan is logged, not fatal."""
+    """Start a scan every ``interval`` seconds (start to start) until ``stop``.
+
+    A pass that takes longer than ``interval`` is followed by the next at once
+    (no burst to catch up); a failed scan is logged, not fatal.
+    """
+    loop = asyncio.get_running_loop()
+    next_start = loop.time()
     while not stop.is_set():
+        next_start += interval
         try:
             await _scan_and_report(settings)
         except Exception:
             log.exception("scan.failed")
+        now = loop.time()
+        if next_start < now:
+            next_start = now
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(interval):
+            async with asyncio.timeout(next_start - now):
                 await stop.wait()
 
 
@@ -213,7 +255,10 @@ def main() -> None:
         "--every",
         type=positive_seconds,
         metavar="SECONDS",
-        help="scan every SECONDS until SIGTERM or SIGINT (a failed scan is logged, then retried)",
+        help=(
+            "start a scan every SECONDS (start to start) until SIGTERM or SIGINT; "
+            "a failed scan is logged, then retried"
+        ),
     )
     run_command(parser, _main)
 

@@ -98,6 +98,20 @@ def test_command_body_round_trips() -> None:
 
 
 @pytest.mark.parametrize(
+    "deadline",
+    [
+        datetime(2026, 11, 30, 9, 0, tzinfo=UTC),
+        datetime(2026, 11, 30, 9, 0, 0, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2026, 3, 1, 23, 59, 59, 1000, tzinfo=timezone(timedelta(hours=-7))),
+    ],
+)
+def test_command_body_is_the_compact_json_of_the_contract(deadline: datetime) -> None:
+    """The hand-built body is byte for byte what json.dumps writes."""
+    expected = {"reservation_id": str(RID), "hold_until": deadline.isoformat()}
+    assert command_body(RID, deadline) == json.dumps(expected, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
     ("won", "status", "due", "expected"),
     [
         (True, "held", True, Outcome.EXPIRED),
