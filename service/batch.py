@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from uuid import UUID
@@ -142,19 +143,22 @@ class Batcher:
         self.worker = worker
         self.size = size
         self.wait = wait_ms / 1000
-        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        # A deque and an event: asyncio.Queue costs a few microseconds per item more.
+        self.queue: deque[Item] = deque()
+        self._arrived = asyncio.Event()
         self.tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
 
     def put(self, item: Item) -> None:
         """Queue ``item``; its outcome goes to its ``on_result`` after its batch."""
-        self.queue.put_nowait(item)
+        self.queue.append(item)
+        self._arrived.set()
 
     async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> db.Expiry:
         """Wait for this delivery's outcome (raises ``BatchFallback`` to go it alone)."""
         future: asyncio.Future[db.Expiry] = asyncio.get_running_loop().create_future()
         span_context = trace.get_current_span().get_span_context()
         item = Item(reservation_id, message_id, attempt, future, span_context)
-        self.queue.put_nowait(item)
+        self.put(item)
         try:
             return await future
         except asyncio.CancelledError:
@@ -185,20 +189,23 @@ class Batcher:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        while not self.queue.empty():
-            self.queue.get_nowait().give(ConsumerStopping("consumer stopping"))
+        while self.queue:
+            self.queue.popleft().give(ConsumerStopping("consumer stopping"))
 
     async def _gather(self) -> list[Item]:
-        batch = [await self.queue.get()]
+        while not self.queue:
+            self._arrived.clear()
+            await self._arrived.wait()
+        batch = [self.queue.popleft()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
         while len(batch) < self.size:
-            while len(batch) < self.size and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
+            while len(batch) < self.size and self.queue:
+                batch.append(self.queue.popleft())
             if len(batch) >= self.size or loop.time() >= deadline:
                 break
             await asyncio.sleep(0)  # let the connection read what has arrived
-            if self.queue.empty():
+            if not self.queue:
                 break  # nothing more is coming right now: never wait on an empty queue
         return batch
 
