@@ -4,7 +4,8 @@ Deliveries are validated one by one (``handler.py``), then handed here. A
 worker gathers them (up to ``EXPIRY_BATCH_SIZE``, waiting at most
 ``EXPIRY_BATCH_WAIT_MS`` and only while more keep arriving) and runs one
 set-based guarded update with its audit rows. Each delivery then gets its own
-outcome, and its own ack after that commit. If the batch fails as a whole,
+outcome (to the task awaiting it, or to its callback) and is acked only after
+that commit. If the batch fails as a whole,
 every delivery in it falls back to its own transaction, so that one bad
 message can never fail, retry or dead-letter its neighbours.
 """

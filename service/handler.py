@@ -1,10 +1,20 @@
 """One delivery of an expiration command: domain -> database -> ack / retry / dead-letter.
 
-A delivery is acked only after the guarded update committed. A failure is
-classified: a transient one is republished to a delay queue (a fresh message
-carrying its attempt count in ``x-expiry-attempt``), a permanent or exhausted
-one to ``expirations.dead`` with the metadata an operator needs; the original
-is acked only after that copy was confirmed by the broker.
+A delivery is acked only after the guarded update committed. Two paths:
+
+- the fast path (``_batch``): the first delivery of a valid command joins a
+  batch and its task ends at once; the batch's task reports its outcome and
+  acks it, coalesced with its neighbours into multiple-acks (``acks.py``);
+- the full path (``handle``), in the delivery's own task: redelivered
+  suspects, bodies that do not parse, batching off (batch size 1: one
+  transaction and one ack per message) and traced deliveries (the consumer
+  span then covers the whole job). A batched delivery its batch could not
+  decide continues here too (``_alone``).
+
+A failure is classified: a transient one is republished to a delay queue (a
+fresh message carrying its attempt count in ``x-expiry-attempt``), a permanent
+or exhausted one to ``expirations.dead`` with the metadata an operator needs;
+the original is acked only after that copy was confirmed by the broker.
 """
 
 from __future__ import annotations
