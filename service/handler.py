@@ -200,9 +200,10 @@ class Consumer:
             self.in_flight.track(task)
 
     async def _ack_then(self, message: AbstractIncomingMessage, report: Done) -> None:
+        """Ack alone (no ``Acker``), then report; whatever happens, report once."""
         try:
             await message.ack()
-        except broker.SETTLE_ERRORS as exc:
+        except Exception as exc:  # logged by the report as a settle failure
             report(exc)
         else:
             report(None)
