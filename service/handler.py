@@ -24,7 +24,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -87,6 +87,25 @@ def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
         first_seen_ms=min(now_ms, header_int(headers, FIRST_SEEN_HEADER, now_ms)),
         message_id=message.message_id or "-",
     )
+
+
+@dataclass
+class Delivery:
+    """One delivery being handled: the message, what it says of itself, since when."""
+
+    message: AbstractIncomingMessage
+    attempt: Attempt
+    started: float
+    reservation: UUID | None = None  # once its body parsed
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation as logged ("-" while unknown)."""
+        return "-" if self.reservation is None else str(self.reservation)
+
+    def elapsed(self) -> float:
+        """Seconds since it arrived."""
+        return time.monotonic() - self.started
 
 
 def short_reason(exc: BaseException) -> str:
@@ -157,6 +176,7 @@ class Consumer:
         attempt = read_attempt(message, now_ms())
         if self.settings.failpoint:
             self._failpoint(FAILPOINT_EXIT_ON + str(command.reservation_id))
+        delivery = Delivery(message, attempt, started, command.reservation_id)
         self.in_flight.begin()
         self.batcher.put(
             Item(
@@ -165,39 +185,26 @@ class Consumer:
                 attempt.number,
                 None,
                 trace.INVALID_SPAN_CONTEXT,
-                on_result=functools.partial(
-                    self._batched, message, attempt, command.reservation_id, started
-                ),
+                on_result=functools.partial(self._batched, delivery),
             )
         )
         return True
 
-    def _batched(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: UUID,
-        started: float,
-        result: Result,
-    ) -> None:
+    def _batched(self, delivery: Delivery, result: Result) -> None:
         """A batched delivery's outcome: acked with its neighbours, or handled alone."""
         if isinstance(result, ConsumerStopping):
             self.in_flight.end()  # never acked: the broker redelivers it
             return
         if isinstance(result, BaseException):
-            alone = self._alone(message, attempt, reservation_id, started, result)
-            self.in_flight.track(asyncio.create_task(alone))
+            self.in_flight.track(asyncio.create_task(self._alone(delivery, result)))
             self.in_flight.end()
             return
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
-        report = functools.partial(
-            self._acked, message, attempt, str(reservation_id), result, started
-        )
+        report = functools.partial(self._acked, delivery, result)
         if self.acker is not None:
-            self.acker.ack_soon(message, report)
+            self.acker.ack_soon(delivery.message, report)
         else:
-            task = asyncio.create_task(self._ack_then(message, report))
-            self.in_flight.track(task)
+            self.in_flight.track(asyncio.create_task(self._ack_then(delivery.message, report)))
 
     async def _ack_then(self, message: AbstractIncomingMessage, report: Done) -> None:
         """Ack alone (no ``Acker``), then report; whatever happens, report once."""
@@ -208,98 +215,69 @@ class Consumer:
         else:
             report(None)
 
-    def _acked(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: str,
-        expiry: db.Expiry,
-        started: float,
-        exc: BaseException | None,
-    ) -> None:
+    def _acked(self, delivery: Delivery, expiry: db.Expiry, exc: BaseException | None) -> None:
         """Report a batched delivery once its ack was sent (or could not be)."""
         try:
             if exc is not None:
-                broker.settle_failed(exc, attempt.message_id)
-            self._report(message, attempt, reservation_id, expiry, started, acked=exc is None)
+                broker.settle_failed(exc, delivery.attempt.message_id)
+            self._report(delivery, expiry, acked=exc is None)
         finally:
             self.in_flight.end()
 
-    async def _alone(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: UUID,
-        started: float,
-        why: BaseException,
-    ) -> None:
+    async def _alone(self, delivery: Delivery, why: BaseException) -> None:
         """A batched delivery its batch could not decide: alone, as the full path would."""
-        if not isinstance(why, BatchFallback):  # e.g. an unknown reservation
-            error = why if isinstance(why, Exception) else RuntimeError(type(why).__name__)
-            await self.on_failure(message, attempt, str(reservation_id), error, started)
-            return
-        try:
-            expiry = await self.expire_alone(reservation_id, attempt)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self.on_failure(message, attempt, str(reservation_id), exc, started)
-            return
-        await self.finish(message, attempt, str(reservation_id), expiry, started)
+        await self._conclude(delivery, self._alone_outcome(delivery, why))
+
+    async def _alone_outcome(self, delivery: Delivery, why: BaseException) -> db.Expiry:
+        if delivery.reservation is None or not isinstance(why, BatchFallback):
+            raise why  # e.g. an unknown reservation: classified like any other failure
+        return await self.expire_alone(delivery.reservation, delivery.attempt)
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Process one delivery and settle it explicitly."""
-        started = time.monotonic()
-        attempt = read_attempt(message, now_ms())
-        span = trace.get_current_span()  # the aio-pika instrumentation's consumer span
-        annotate_delivery(span, message, attempt)
-        reservation_id = "-"
+        delivery = Delivery(message, read_attempt(message, now_ms()), time.monotonic())
+        annotate_delivery(trace.get_current_span(), message, delivery.attempt)
+        await self._conclude(delivery, self._outcome(delivery))
+
+    async def _outcome(self, delivery: Delivery) -> db.Expiry:
+        command = parse_command(delivery.message.body)
+        delivery.reservation = command.reservation_id
+        # the aio-pika instrumentation's consumer span
+        trace.get_current_span().set_attribute("expiry.reservation_id", delivery.reservation_id)
+        if delivery.message.redelivered:
+            return await self.handle_suspect(
+                command.reservation_id, delivery.attempt, delivery.message.body
+            )
+        self._failpoint(FAILPOINT_EXIT_ON + delivery.reservation_id)
+        return await self.expire(command.reservation_id, delivery.attempt)
+
+    async def _conclude(self, delivery: Delivery, work: Coroutine[Any, Any, db.Expiry]) -> None:
+        """Await the work on a delivery: ack and report its outcome, or retry / dead-letter."""
         try:
-            command = parse_command(message.body)
-            reservation_id = str(command.reservation_id)
-            span.set_attribute("expiry.reservation_id", reservation_id)
-            if message.redelivered:
-                expiry = await self.handle_suspect(command.reservation_id, attempt, message.body)
-            else:
-                self._failpoint(FAILPOINT_EXIT_ON + reservation_id)
-                expiry = await self.expire(command.reservation_id, attempt)
+            expiry = await work
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self.on_failure(message, attempt, reservation_id, exc, started)
+            await self.on_failure(delivery, exc)
             return
-        await self.finish(message, attempt, reservation_id, expiry, started)
+        await self.finish(delivery, expiry)
 
-    async def finish(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: str,
-        expiry: db.Expiry,
-        started: float,
-    ) -> None:
+    async def finish(self, delivery: Delivery, expiry: db.Expiry) -> None:
         """Ack a committed delivery, then report it (even when cancelled during the ack)."""
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = False
         try:
-            acked = await broker.settle(self._ack_action(message), attempt.message_id)
+            acked = await broker.settle(
+                self._ack_action(delivery.message), delivery.attempt.message_id
+            )
         finally:  # cancelled with its channel during the ack: the effect still happened
             trace.get_current_span().set_attribute("expiry.outcome", expiry.outcome.value)
-            self._report(message, attempt, reservation_id, expiry, started, acked=acked)
+            self._report(delivery, expiry, acked=acked)
 
-    def _report(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: str,
-        expiry: db.Expiry,
-        started: float,
-        *,
-        acked: bool,
-    ) -> None:
-        elapsed = time.monotonic() - started
+    def _report(self, delivery: Delivery, expiry: db.Expiry, *, acked: bool) -> None:
+        elapsed = delivery.elapsed()
         self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
-        _log_outcome(message, attempt, reservation_id, expiry.outcome, elapsed, acked=acked)
+        _log_outcome(delivery, expiry.outcome, elapsed, acked=acked)
 
     async def handle_suspect(
         self, reservation_id: UUID, attempt: Attempt, body: bytes
@@ -348,15 +326,9 @@ class Consumer:
             span.set_attribute("expiry.outcome", expiry.outcome.value)
             return expiry
 
-    async def on_failure(
-        self,
-        message: AbstractIncomingMessage,
-        attempt: Attempt,
-        reservation_id: str,
-        exc: Exception,
-        started: float,
-    ) -> None:
+    async def on_failure(self, delivery: Delivery, exc: Exception) -> None:
         """Retry through a delay queue or dead-letter; ack only once the copy is confirmed."""
+        message, attempt = delivery.message, delivery.attempt
         disposition, error_class = classify(exc)
         age = (now_ms() - attempt.first_seen_ms) / 1000
         decision = decide(self.policy, disposition, attempt=attempt.number, age_seconds=age)
@@ -366,12 +338,12 @@ class Consumer:
             "expiry.outcome", "retry" if isinstance(decision, Retry) else "dead-letter"
         )
         facts = {
-            "reservation_id": reservation_id,
+            "reservation_id": delivery.reservation_id,
             "message_id": attempt.message_id,
             "attempt": attempt.number,
             "error_class": error_class,
             "reason": short_reason(exc),
-            "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+            "elapsed_ms": round(delivery.elapsed() * 1000, 1),
         }
         try:
             await self.publish_copy(message, attempt, decision, error_class, short_reason(exc))
@@ -385,7 +357,7 @@ class Consumer:
         self._settled_alone(message)
         if not acked:
             return
-        elapsed = time.monotonic() - started
+        elapsed = delivery.elapsed()
         if isinstance(decision, Retry):
             self.metrics.retried(error_class, seconds=elapsed)
             log.info("expiry.retry", extra={**facts, "delay_s": decision.delay_seconds})
@@ -465,23 +437,15 @@ def annotate_delivery(span: trace.Span, message: AbstractIncomingMessage, attemp
     )
 
 
-def _log_outcome(
-    message: AbstractIncomingMessage,
-    attempt: Attempt,
-    reservation_id: str,
-    outcome: Outcome,
-    elapsed: float,
-    *,
-    acked: bool,
-) -> None:
+def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked: bool) -> None:
     log.info(
         "expiry.outcome",
         extra={
-            "reservation_id": reservation_id,
-            "message_id": attempt.message_id,
-            "attempt": attempt.number,
+            "reservation_id": delivery.reservation_id,
+            "message_id": delivery.attempt.message_id,
+            "attempt": delivery.attempt.number,
             "outcome": outcome.value,
-            "redelivered": bool(message.redelivered),
+            "redelivered": bool(delivery.message.redelivered),
             "acked": acked,
             "elapsed_ms": round(elapsed * 1000, 1),
         },
