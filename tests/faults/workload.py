@@ -52,8 +52,13 @@ class Workload:
         return Expectation(set(self.due), set(self.future), consumed, set(self.dead))
 
     def support_candidates(self, rng: random.Random, share: float = 0.03) -> list[UUID]:
-        """A random few due and future holds for the support side to try to consume."""
-        picked = rng.sample(self.due, max(1, int(len(self.due) * share)))
+        """A random few due and future holds for the support side to try to consume.
+
+        Never one the scenario expects to end dead (a poison command): consumed
+        before its command is published, it could never get there.
+        """
+        due = [hold for hold in self.due if hold not in self.dead]
+        picked = rng.sample(due, max(1, int(len(due) * share)))
         picked += rng.sample(self.future, max(1, int(len(self.future) * share)))
         rng.shuffle(picked)
         return picked
