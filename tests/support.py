@@ -137,8 +137,14 @@ class Management:
         await self._call("PUT", f"/permissions/{name}/{quote(self.user)}", json=permissions)
 
     async def delete_vhost(self, vhost: str) -> None:
-        with contextlib.suppress(httpx.HTTPStatusError):
+        with contextlib.suppress(httpx.HTTPError):  # gone already, or its node is down
             await self._call("DELETE", f"/vhosts/{quote(vhost, safe='')}")
+
+    async def queue_names(self, vhost: str) -> list[str]:
+        response = await self._call(
+            "GET", f"/queues/{quote(vhost, safe='')}", params={"columns": "name"}
+        )
+        return sorted(str(queue["name"]) for queue in response.json())
 
     async def queue(self, vhost: str, queue: str) -> dict[str, Any]:
         response = await self._call("GET", f"/queues/{quote(vhost, safe='')}/{quote(queue)}")

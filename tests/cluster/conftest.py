@@ -11,9 +11,10 @@ from typing import NoReturn
 
 import pytest
 
-from tests.cluster.nodes import ClusterUnavailable, RabbitCluster, new_cluster
+from tests.cluster.nodes import RabbitCluster, new_cluster
 from tests.cluster.observe import TRIGGER_SQL, create_vhost, execute
 from tests.cluster.report import RESULTS
+from tests.rabbitnode import ServerUnavailable
 from tests.support import RUN_ID, Endpoints, with_database
 
 _numbers = itertools.count(1)
@@ -31,7 +32,7 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
     """Three private RabbitMQ nodes joined into one cluster; torn down whatever happens."""
     try:
         cluster = new_cluster(tmp_path_factory.mktemp("rabbit-cluster"))
-    except ClusterUnavailable as exc:
+    except ServerUnavailable as exc:
         _missing(f"no private RabbitMQ cluster: {exc}")
     try:
         cluster.start()

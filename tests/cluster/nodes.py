@@ -1,211 +1,38 @@
 """A private three-node RabbitMQ cluster of the machine's ``rabbitmq-server``.
 
-Each node has its own node name, AMQP, management and distribution ports on
-127.0.0.1, and its own home, data and log folders under one temporary
-folder; all share one Erlang cookie (written into each home, so that the
-machine's ``rabbitmqctl`` aimed at a node uses it too). Nodes 2 and 3 join
-node 1 with ``rabbitmqctl join_cluster``. ``shutdown()`` stops every node,
-kills what is left of it and removes its folders, whatever happened before.
-
-Adapted from ``tests/faults/nodes.py`` (a single node), not imported from it.
+Each node is a private node (``tests/rabbitnode.py``: its own node name and
+ports on 127.0.0.1, its own home, data and log folders under one temporary
+folder); all share one Erlang cookie. Nodes 2 and 3 join node 1 with
+``rabbitmqctl join_cluster``. ``shutdown()`` stops every node, kills what is
+left of it and removes its folders, whatever happened before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import random
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 
-STARTUP_SECONDS = 180.0
-PORTS_PER_NODE = 15  # AMQP, management, distribution, then rabbitmqctl's own range
+from tests.rabbitnode import (
+    PORTS_PER_NODE,
+    STARTUP_SECONDS,
+    RabbitNode,
+    ServerUnavailable,
+    free_port_block,
+    rabbitmq_scripts,
+)
+
 LETTERS = "ABC"
 
 
-class ClusterUnavailable(RuntimeError):
-    """The private cluster could not be set up on this machine."""
-
-
-def port_is_free(port: int) -> bool:
-    """Whether nothing listens on ``127.0.0.1:port`` (and we may bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(size: int, low: int = 20000, high: int = 32000) -> int:
-    """The first port of ``size`` consecutive free ports (chosen at random).
-
-    Below Linux's ephemeral range (32768-60999), so that no outgoing connection
-    of another process takes one of them between the choice and the bind.
-    """
-    for _ in range(200):
-        base = random.randrange(low, high - size)
-        if all(port_is_free(base + offset) for offset in range(size)):
-            return base
-    raise ClusterUnavailable(f"no block of {size} free ports between {low} and {high}")
-
-
-def _run(
-    args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _checked(result: subprocess.CompletedProcess[str], what: str) -> None:
-    if result.returncode != 0:
-        detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise ClusterUnavailable(f"{what} failed (exit {result.returncode}): {' | '.join(detail)}")
-
-
-def rabbitmq_scripts() -> Path:
-    """The directory of the real ``rabbitmq-server`` and ``rabbitmqctl`` scripts.
-
-    The ``/usr/sbin`` entries are a wrapper that switches to the ``rabbitmq``
-    user (and its cookie); the scripts beside the wrapper run as we are.
-    """
-    found = shutil.which("rabbitmq-server")
-    if found is None:
-        raise ClusterUnavailable("rabbitmq-server is not installed")
-    folder = Path(found).resolve().parent
-    if not (folder / "rabbitmqctl").exists():
-        raise ClusterUnavailable(f"no rabbitmqctl beside {folder}")
-    return folder
-
-
-@dataclass
-class ClusterNode:
-    """One node of the private cluster, on the ports from ``first_port`` on."""
-
-    home: Path
-    name: str
-    first_port: int
-    cookie: str
-    scripts: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def amqp_port(self) -> int:
-        """The AMQP listener's port."""
-        return self.first_port
-
-    @property
-    def management_port(self) -> int:
-        """The management API's port."""
-        return self.first_port + 1
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The environment of the node and of every ``rabbitmqctl`` aimed at it."""
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("RABBITMQ_", "ERL_"))
-        }
-        env.update(
-            HOME=str(self.home),
-            RABBITMQ_CONF_ENV_FILE=str(self.home / "rabbitmq-env.conf"),
-            RABBITMQ_NODENAME=self.name,
-            RABBITMQ_NODE_PORT=str(self.amqp_port),
-            RABBITMQ_DIST_PORT=str(self.first_port + 2),
-            RABBITMQ_MNESIA_BASE=str(self.home / "mnesia"),
-            RABBITMQ_LOG_BASE=str(self.home / "log"),
-            RABBITMQ_CONFIG_FILE=str(self.home / "rabbitmq.conf"),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.home / "enabled_plugins"),
-            RABBITMQ_PID_FILE=str(self.home / "node.pid"),
-            RABBITMQ_CTL_DIST_PORT_MIN=str(self.first_port + 3),
-            RABBITMQ_CTL_DIST_PORT_MAX=str(self.first_port + PORTS_PER_NODE - 1),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
-            ERL_EPMD_ADDRESS="127.0.0.1",
-        )
-        return env
-
-    def _write_files(self) -> None:
-        if (self.home / ".erlang.cookie").exists():
-            return  # a restart: the node keeps its files and its data
-        for folder in ("mnesia", "log"):
-            (self.home / folder).mkdir(parents=True, exist_ok=True)
-        cookie = self.home / ".erlang.cookie"
-        cookie.write_text(self.cookie)
-        cookie.chmod(0o400)
-        (self.home / "rabbitmq-env.conf").write_text("ERL_EPMD_ADDRESS=127.0.0.1\n")
-        (self.home / "enabled_plugins").write_text("[rabbitmq_management].\n")
-        (self.home / "rabbitmq.conf").write_text(
-            f"listeners.tcp.local = 127.0.0.1:{self.amqp_port}\n"
-            "management.tcp.ip = 127.0.0.1\n"
-            f"management.tcp.port = {self.management_port}\n"
-            "collect_statistics_interval = 500\n"
-        )
-
-    def launch(self) -> None:
-        """Start the node's ``rabbitmq-server`` in a session of its own (no waiting)."""
-        self._write_files()
-        with (self.home / "server.out").open("ab") as out:
-            self.process = subprocess.Popen(
-                [str(self.scripts / "rabbitmq-server")],
-                env=self.env,
-                cwd=self.home,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-
-    def await_booted(self, deadline: float) -> None:
-        """Wait until the node has booted (``rabbitmqctl await_startup``)."""
-        while self.ctl("await_startup", "--timeout", "30", check=False, timeout=60).returncode:
-            exited = self.process is None or self.process.poll() is not None
-            if exited or time.monotonic() > deadline:
-                raise ClusterUnavailable(f"node {self.name} did not boot: {self.log_tail()}")
-            time.sleep(0.5)
-
-    def log_tail(self, size: int = 1500) -> str:
-        """The end of the node's own log (where a failed listener says why)."""
-        log = self.home / "log" / f"{self.name}.log"
-        source = log if log.exists() else self.home / "server.out"
-        return source.read_text(errors="replace")[-size:] if source.exists() else "(no log)"
-
-    def await_management(self, deadline: float) -> None:
-        """Wait until the node's management API answers."""
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                response = httpx.get(
-                    f"{self.management_url}/api/overview", auth=("guest", "guest"), timeout=5
-                )
-                if response.status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ClusterUnavailable(f"the management API of {self.name} did not answer")
-            time.sleep(0.5)
-
-    def ctl(
-        self, *args: str, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``rabbitmqctl -n <node> -q ...`` against this node."""
-        result = _run(
-            [str(self.scripts / "rabbitmqctl"), "-n", self.name, "-q", *args],
-            env=self.env,
-            timeout=timeout,
-        )
-        if check:
-            _checked(result, f"rabbitmqctl -n {self.name} {' '.join(args)}")
-        return result
+class ClusterNode(RabbitNode):
+    """One node of the private cluster: a private node that can join and come back."""
 
     def join(self, first: ClusterNode) -> None:
         """Join ``first``'s cluster: stop_app, join_cluster, start_app, await_startup."""
@@ -213,18 +40,6 @@ class ClusterNode:
         self.ctl("join_cluster", first.name)
         self.ctl("start_app")
         self.ctl("await_startup", "--timeout", "120", timeout=150)
-
-    def stop_app(self) -> None:
-        """Stop the RabbitMQ application (the Erlang node keeps running)."""
-        self.ctl("stop_app")
-
-    def kill(self) -> None:
-        """SIGKILL the node's whole session: the Erlang VM dies without a goodbye."""
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=30)
 
     def restore(self, deadline: float) -> None:
         """Bring the node back (start its application, or boot it again if it was killed)."""
@@ -234,27 +49,6 @@ class ClusterNode:
             self.ctl("start_app", timeout=150)
         self.await_booted(deadline)
         self.await_management(deadline)
-
-    def shutdown(self) -> None:
-        """Stop the node, kill whatever is left of its session, remove its folders."""
-        if self.process is not None:
-            if self.process.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.ctl("stop", check=False, timeout=60)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=30)
-        shutil.rmtree(self.home, ignore_errors=True)
-
-    def amqp_url(self, vhost: str = "/") -> str:
-        """The AMQP URL of ``vhost`` on this node."""
-        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/{quote(vhost, safe='')}"
-
-    @property
-    def management_url(self) -> str:
-        """The management API's base URL."""
-        return f"http://127.0.0.1:{self.management_port}"
 
 
 @dataclass
@@ -277,7 +71,7 @@ class RabbitCluster:
             node.await_management(deadline)
         running = self.running_nodes()
         if running != sorted(node.name for node in self.nodes):
-            raise ClusterUnavailable(f"the cluster runs {running}, not all three nodes")
+            raise ServerUnavailable(f"the cluster runs {running}, not all three nodes")
 
     def restore(self) -> None:
         """Bring every stopped or killed node back, and check that all three run."""
@@ -288,7 +82,7 @@ class RabbitCluster:
                 node.restore(deadline)
         running = self.running_nodes()
         if running != sorted(node.name for node in self.nodes):
-            raise ClusterUnavailable(f"the cluster runs {running} after a restore")
+            raise ServerUnavailable(f"the cluster runs {running} after a restore")
 
     def running_nodes(self) -> list[str]:
         """The running nodes, by the management API of the first node that answers."""
@@ -299,7 +93,7 @@ class RabbitCluster:
                 )
                 response.raise_for_status()
                 return sorted(str(item["name"]) for item in response.json() if item["running"])
-        raise ClusterUnavailable("no node's management API answers")
+        raise ServerUnavailable("no node's management API answers")
 
     def nodes_down(self) -> list[str]:
         """The nodes that do not run."""

@@ -11,9 +11,10 @@ from typing import NoReturn
 
 import pytest
 
-from tests.faults.nodes import PgCluster, RabbitNode, ServerUnavailable
+from tests.faults.nodes import PgCluster
 from tests.faults.report import RESULTS
 from tests.faults.world import World, open_world
+from tests.rabbitnode import RabbitNode, ServerUnavailable
 from tests.support import Endpoints
 
 
@@ -28,7 +29,7 @@ def _missing(reason: str) -> NoReturn:
 def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
     """A private RabbitMQ node on ports of its own; stopped and removed afterwards."""
     try:
-        node = RabbitNode(tmp_path_factory.mktemp("rabbit"))
+        node = RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
     except ServerUnavailable as exc:
         _missing(f"no private RabbitMQ node: {exc}")
     try:

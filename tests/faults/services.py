@@ -1,4 +1,5 @@
-"""The service's real commands as subprocesses, with their output in files.
+"""The service's real commands as subprocesses, with their output in files
+(shared with the cluster test, ``tests/cluster/fleet.py``).
 
 Every process of a scenario belongs to its ``Fleet``, which reaps whatever
 is still alive at the end (by pid, SIGKILL), so no test leaves a consumer
@@ -60,13 +61,25 @@ class ServiceProcess:
         self.send(sig)
         return await self.wait(timeout)
 
-    def text(self) -> str:
-        """Everything the process wrote so far."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    def text(self, start: int = 0) -> str:
+        """What the process wrote so far, from byte ``start`` on."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(start)
+            return log.read().decode(errors="replace")
 
-    def events(self) -> list[dict[str, Any]]:
-        """The JSON log lines (a line cut short by a SIGKILL is skipped)."""
-        return parse_events(self.text())
+    def size(self) -> int:
+        """How many bytes the process has written so far."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def events(self, start: int = 0) -> list[dict[str, Any]]:
+        """The JSON log lines from byte ``start`` on (a line cut short by a SIGKILL is skipped)."""
+        return parse_events(self.text(start))
+
+    def named(self, event: str, start: int = 0) -> list[dict[str, Any]]:
+        """The JSON log lines of one event, from byte ``start`` on."""
+        return [e for e in self.events(start) if e.get("event") == event]
 
     def plain_lines(self) -> list[str]:
         """The lines that are not JSON log lines (what a human reads on stderr)."""

@@ -201,7 +201,7 @@ async def test_refused_retry_tier_while_the_database_fails(world: World) -> None
         kept = await _ready(world, queues, REFUSED_HOLDS)
         assert not _events(consumer, "expiry.outcome")
         fault_lasted = time.monotonic() - started
-        await world.management.clear_policy(world.vhost, REFUSE)
+        await world.management.delete_policy(world.vhost, REFUSE)
     finisher = await world.consumer()
     expect = workload.expectation(set())
     settled = await settle(world, expect, 60)

@@ -9,15 +9,15 @@ import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import httpx
 
 from tests.faults.checks import install_transition_trigger
-from tests.faults.nodes import PgCluster, RabbitNode
+from tests.faults.nodes import PgCluster
 from tests.faults.services import Fleet, ServiceProcess
+from tests.rabbitnode import RabbitNode
+from tests.support import Management
 
 RUN = secrets.token_hex(3)
 _numbers = itertools.count(1)
@@ -44,53 +44,6 @@ SERVICE_ENV = {
 def with_database(url: str, name: str) -> str:
     """``url`` pointing at database ``name``."""
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
-class Management:
-    """The few management API calls the scenarios need, on the private node."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base = base_url
-        self.auth = ("guest", "guest")
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        async with httpx.AsyncClient(base_url=self.base, auth=self.auth, timeout=30) as client:
-            response = await client.request(method, f"/api{path}", **kwargs)
-        response.raise_for_status()
-        return response
-
-    async def create_vhost(self, vhost: str) -> None:
-        """Create ``vhost`` and give guest every permission on it."""
-        name = quote(vhost, safe="")
-        await self._call("PUT", f"/vhosts/{name}", json={})
-        permissions = {"configure": ".*", "write": ".*", "read": ".*"}
-        await self._call("PUT", f"/permissions/{name}/guest", json=permissions)
-
-    async def delete_vhost(self, vhost: str) -> None:
-        """Delete ``vhost`` (and everything in it)."""
-        with contextlib.suppress(httpx.HTTPError):
-            await self._call("DELETE", f"/vhosts/{quote(vhost, safe='')}")
-
-    async def set_policy(self, vhost: str, name: str, body: dict[str, Any]) -> None:
-        """Create or replace a policy."""
-        await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
-
-    async def queue_names(self, vhost: str) -> list[str]:
-        """Every queue of ``vhost``."""
-        response = await self._call(
-            "GET", f"/queues/{quote(vhost, safe='')}", params={"columns": "name"}
-        )
-        return sorted(str(queue["name"]) for queue in response.json())
-
-    async def queue(self, vhost: str, name: str) -> dict[str, Any]:
-        """A queue's management view (counters refreshed every 500 ms on the private node)."""
-        response = await self._call("GET", f"/queues/{quote(vhost, safe='')}/{quote(name)}")
-        result: dict[str, Any] = response.json()
-        return result
-
-    async def clear_policy(self, vhost: str, name: str) -> None:
-        """Remove a policy."""
-        await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")
 
 
 @dataclass
