@@ -23,7 +23,7 @@ choices (kill moments, the poison message) of a run, whose seed is printed.
 Where things run
 ================
 
-- **One private RabbitMQ node per session** (``nodes.RabbitNode``): the
+- **One private RabbitMQ node per session** (``tests.rabbitnode.RabbitNode``): the
   machine's ``rabbitmq-server`` started a second time as ``faults<hex>@localhost``
   on free ports, with its own home, Erlang cookie, data, logs and management
   listener; each scenario gets its own vhost on it. ``rabbitmqctl stop_app`` /
