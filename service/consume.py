@@ -96,21 +96,25 @@ async def _consume(
         if settings.batch_size > 1
         else None
     )
+    dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
     consumer = Consumer(
         settings,
         pool,
         retry_exchange=await publish_channel.get_exchange(RETRY_EXCHANGE, ensure=False),
-        dead_exchange=await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False),
+        dead_exchange=dead_exchange,
         in_flight=in_flight,
         metrics=metrics,
         batcher=batcher,
         acker=Acker() if batcher is not None else None,
     )
+    recorder = Recorder(
+        pool, in_flight, dead_exchange, publish_timeout=settings.publish_timeout_seconds
+    )
     work = declared.queues[QUEUE]
     dead_log = await record_channel.get_queue(DEAD_LOG_QUEUE, ensure=False)
     consumers = [
         (work, await work.consume(consumer.on_message)),
-        (dead_log, await dead_log.consume(Recorder(pool, in_flight).on_message)),
+        (dead_log, await dead_log.consume(recorder.on_message)),
     ]
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every):

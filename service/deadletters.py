@@ -25,14 +25,17 @@ from service import broker, db
 from service.cli import run_command
 from service.domain import command_body
 from service.errors import PublishNotConfirmed, UsageError
+from service.inputs import clean_text
 from service.records import REPLAYED_BY_HEADER, stable_message_id
+from service.returns import give_back
 from service.settings import Settings
-from service.topology import DEAD_QUEUE, EXCHANGE, ROUTING_KEY
+from service.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE, ROUTING_KEY
 
 log = logging.getLogger("service.deadletters")
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+CELL_LIMIT = 1000
 LIST_COLUMNS = ("id", "last_seen", "error_class", "give_up", "attempts", "reservation_id", "status")
 
 
@@ -45,11 +48,12 @@ def parse_duration(text: str) -> float:
 
 
 def _cell(value: Any) -> str:
+    """A value as shown: never a control character (records hold sender-made text)."""
     if value is None:
         return "-"
     if hasattr(value, "isoformat"):
         return str(value.isoformat(timespec="seconds"))
-    return str(value)
+    return clean_text(str(value), CELL_LIMIT)
 
 
 def render_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
@@ -197,7 +201,10 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await conn.close()
     for result in results:
-        print(f"{result.outcome:16} #{result.record_id}  {result.message_id}  ({result.detail})")
+        print(
+            f"{result.outcome:16} #{result.record_id}  {_cell(result.message_id)}  "
+            f"({_cell(result.detail)})"
+        )
     failed = sum(r.outcome == "publish-failed" for r in results)
     counts = {o: sum(r.outcome == o for r in results) for o in sorted({r.outcome for r in results})}
     print(
@@ -219,9 +226,10 @@ async def _replay(
     try:
         publish_channel = await broker.open_confirm_channel(connection)
         exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
+        dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
         get_channel = await connection.channel(publisher_confirms=False)
         dead = await get_channel.get_queue(DEAD_QUEUE, ensure=True)
-        replayer = Replayer(settings, conn, exchange, operator, expectations)
+        replayer = Replayer(settings, conn, exchange, dead_exchange, operator, expectations)
         results = await replayer.from_queue(dead, wanted)
         found = {result.record_id for result in results}
         for row in rows:
@@ -240,12 +248,14 @@ class Replayer:
         settings: Settings,
         conn: db.Connection,
         exchange: AbstractExchange,
+        dead_exchange: AbstractExchange,
         operator: str,
         expectations: dict[int, str],
     ) -> None:
         self.settings = settings
         self.conn = conn
         self.exchange = exchange
+        self.dead_exchange = dead_exchange
         self.operator = operator
         self.expectations = expectations
 
@@ -268,7 +278,7 @@ class Replayer:
                 continue
             results.append(await self._republish(row, message.body, message))
         for message in others:
-            await _give_back(message)
+            await self._give_back(message)
         return results
 
     async def from_record(self, row: asyncpg.Record) -> ReplayResult:
@@ -302,13 +312,22 @@ class Replayer:
             )
         except PublishNotConfirmed as exc:
             if original is not None:
-                await _give_back(original)
+                await self._give_back(original)
             return await self._audit(row, "publish-failed", str(exc))
         # Only now, with the copy confirmed, does the dead letter leave its queue.
         if original is not None:
             await broker.settle(original.ack, row["message_id"])
         source = "rebuilt from the record" if rebuilt else "from expirations.dead"
         return await self._audit(row, "republished", f"{source}; {self.expectations[row['id']]}")
+
+    async def _give_back(self, message: AbstractIncomingMessage) -> None:
+        """Return a message to expirations.dead (a fresh copy once it was returned often)."""
+        await give_back(
+            message,
+            dead_exchange=self.dead_exchange,
+            queue=DEAD_QUEUE,
+            timeout=self.settings.publish_timeout_seconds,
+        )
 
     async def _audit(self, row: asyncpg.Record, outcome: str, detail: str) -> ReplayResult:
         await db.record_replay(
@@ -324,10 +343,6 @@ class Replayer:
             extra={"message_id": row["message_id"], "operator": self.operator, "outcome": outcome},
         )
         return ReplayResult(row["id"], row["message_id"], outcome, detail)
-
-
-async def _give_back(message: AbstractIncomingMessage) -> None:
-    await broker.settle(lambda: message.nack(requeue=True), message.message_id or "-")
 
 
 # -- command line ------------------------------------------------------------------

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 import aiormq.exceptions
 import asyncpg
+import asyncpg.exceptions._base as asyncpg_base
 
 
 class ServiceError(Exception):
@@ -67,11 +68,21 @@ DB_UNAVAILABLE = "db.unavailable"
 DB_TIMEOUT = "db.timeout"
 DB_CONFLICT = "db.conflict"
 DB_ERROR = "db.error"
+DB_DATA = "db.data"
 BROKER_UNAVAILABLE = "broker.unavailable"
 UNKNOWN_RESERVATION = "unknown-reservation"
 CONSUMER_CRASH = "consumer-crash"
 UNEXPECTED = "unexpected"
 
+# The values, not the database: PostgreSQL refused them (SQLSTATE classes 22
+# and 23, or a size limit), or asyncpg could not encode them. Trying again
+# cannot help.
+_DB_DATA = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+    asyncpg_base.DataError,
+)
 _DB_CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError, ConcurrentUpdate)
 _DB_TIMEOUT = (asyncpg.QueryCanceledError, asyncpg.LockNotAvailableError, TimeoutError)
 _DB_UNAVAILABLE = (
@@ -98,6 +109,8 @@ def classify(exc: BaseException) -> tuple[Disposition, str]:
         return Disposition.PERMANENT, UNKNOWN_RESERVATION
     if isinstance(exc, CrashLoop):
         return Disposition.PERMANENT, CONSUMER_CRASH
+    if isinstance(exc, _DB_DATA):
+        return Disposition.PERMANENT, DB_DATA
     if isinstance(exc, _DB_CONFLICT):
         return Disposition.TRANSIENT, DB_CONFLICT
     if isinstance(exc, _DB_TIMEOUT):
@@ -109,3 +122,12 @@ def classify(exc: BaseException) -> tuple[Disposition, str]:
     if isinstance(exc, asyncpg.PostgresError):
         return Disposition.TRANSIENT, DB_ERROR
     return Disposition.TRANSIENT, UNEXPECTED
+
+
+def refuses_values(exc: BaseException) -> bool:
+    """The database (or the driver, encoding them) refused the values themselves.
+
+    Sending the same values again can only fail again: such a write must
+    change what it writes, not wait.
+    """
+    return isinstance(exc, (*_DB_DATA, ValueError, TypeError, OverflowError))

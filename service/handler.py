@@ -38,6 +38,15 @@ from service.acks import Acker, Done
 from service.batch import Batcher, BatchFallback, ConsumerStopping, Item, Result
 from service.domain import Outcome, parse_command
 from service.errors import CrashLoop, PublishNotConfirmed, ServiceError, classify
+from service.inputs import (
+    MAX_ATTEMPT,
+    MESSAGE_ID_LIMIT,
+    bounded_int,
+    delivery_count,
+    headers_of,
+    recent_millis,
+    text_of,
+)
 from service.metrics import Metrics
 from service.records import (
     ATTEMPT_HEADER,
@@ -47,17 +56,26 @@ from service.records import (
     LAST_SEEN_HEADER,
     REASON_HEADER,
     WORKER_HEADER,
-    header_int,
     stable_message_id,
 )
-from service.retry import DeadLetter, Retry, RetryPolicy, decide
+from service.retry import DeadLetter, GiveUp, Retry, RetryPolicy, decide
 from service.settings import Settings
 from service.topology import DEAD_ROUTING_KEY, QUEUE, retry_routing_key
 
 log = logging.getLogger("service.consume")
 tracer = trace.get_tracer("service.consume")
 
+# Before returning a delivery whose copy was refused: 1, 2, 4, 8 s (by how often
+# it came back), so that a queue refusing for a few seconds costs few rounds.
 REQUEUE_PAUSE_SECONDS = 1.0
+MAX_REQUEUE_PAUSE_SECONDS = 8.0
+# A delivery whose retry or dead-letter copy the broker refused is returned to
+# the queue (basic.reject, which every RabbitMQ version counts as a delivery);
+# once it has been returned this often it is rejected for good instead, and
+# the broker dead-letters it itself (at-least-once, to expirations.dead): the
+# loop of refusals ends here, below the queue's delivery limit (10), whatever
+# the broker version counts.
+REFUSAL_LIMIT = 5
 # Test-only failpoints (EXPIRY_FAILPOINT): "exit-after-commit" exits the process
 # right after the first commit, before its ack, as a crash there would;
 # "exit-on:<reservation uuid>" exits whenever that reservation's command is
@@ -80,12 +98,17 @@ class Attempt:
 
 
 def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
-    """Read the attempt number and first-seen time from our headers (defaults: 1, now)."""
-    headers = message.headers or {}
+    """Read the attempt number and first-seen time from our headers (defaults: 1, now).
+
+    Never raises: the headers are untrusted (``service.inputs``); a value out
+    of bounds counts as absent.
+    """
+    headers = headers_of(message.headers)
+    first_seen = recent_millis(headers.get(FIRST_SEEN_HEADER), now_ms)
     return Attempt(
-        number=max(1, header_int(headers, ATTEMPT_HEADER, 1)),
-        first_seen_ms=min(now_ms, header_int(headers, FIRST_SEEN_HEADER, now_ms)),
-        message_id=message.message_id or "-",
+        number=bounded_int(headers.get(ATTEMPT_HEADER), 1, MAX_ATTEMPT) or 1,
+        first_seen_ms=now_ms if first_seen is None else min(now_ms, first_seen),
+        message_id=text_of(message.message_id, MESSAGE_ID_LIMIT) or "-",
     )
 
 
@@ -97,6 +120,7 @@ class Delivery:
     attempt: Attempt
     started: float
     reservation: UUID | None = None  # once its body parsed
+    settling: bool = False  # an ack, nack or reject was sent (or tried): never another
 
     @property
     def reservation_id(self) -> str:
@@ -153,7 +177,12 @@ class Consumer:
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """The broker's callback: batched at once, or handled here (tracked for shutdown)."""
-        if self._batch(message):
+        try:
+            batched = self._batch(message)
+        except Exception:  # the full path settles it, whatever went wrong here
+            log.exception("expiry.unhandled", extra={"message_id": _id_of(message)})
+            batched = False
+        if batched:
             return
         self.in_flight.track()
         await self.handle(message)
@@ -226,7 +255,7 @@ class Consumer:
 
     async def _alone(self, delivery: Delivery, why: BaseException) -> None:
         """A batched delivery its batch could not decide: alone, as the full path would."""
-        await self._conclude(delivery, self._alone_outcome(delivery, why))
+        await self._settled(delivery, self._conclude(delivery, self._alone_outcome(delivery, why)))
 
     async def _alone_outcome(self, delivery: Delivery, why: BaseException) -> db.Expiry:
         if delivery.reservation is None or not isinstance(why, BatchFallback):
@@ -237,7 +266,44 @@ class Consumer:
         """Process one delivery and settle it explicitly."""
         delivery = Delivery(message, read_attempt(message, now_ms()), time.monotonic())
         annotate_delivery(trace.get_current_span(), message, delivery.attempt)
-        await self._conclude(delivery, self._outcome(delivery))
+        await self._settled(delivery, self._conclude(delivery, self._outcome(delivery)))
+
+    async def _settled(self, delivery: Delivery, handling: Coroutine[Any, Any, None]) -> None:
+        """Run a delivery's handling; if anything in it fails unexpectedly before the
+        delivery was settled, reject it for good: the broker dead-letters it (at least
+        once, to expirations.dead), so that it is recorded, never left unsettled."""
+        try:
+            await handling
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception(
+                "expiry.unhandled",
+                extra={
+                    "reservation_id": delivery.reservation_id,
+                    "message_id": delivery.attempt.message_id,
+                    "settled": delivery.settling,
+                },
+            )
+            if not delivery.settling:
+                await self._reject_for_good(delivery, type(exc).__name__)
+
+    async def _reject_for_good(self, delivery: Delivery, why: str) -> None:
+        """``basic.reject(requeue=False)``: the work queue dead-letters it itself."""
+        delivery.settling = True
+        message = delivery.message
+        if await broker.settle(lambda: message.reject(requeue=False), delivery.attempt.message_id):
+            self._settled_alone(message)
+            log.warning(
+                "expiry.dead_letter",
+                extra={
+                    "reservation_id": delivery.reservation_id,
+                    "message_id": delivery.attempt.message_id,
+                    "attempt": delivery.attempt.number,
+                    "give_up": GiveUp.REJECTED.value,
+                    "reason": why,
+                },
+            )
 
     async def _outcome(self, delivery: Delivery) -> db.Expiry:
         command = parse_command(delivery.message.body)
@@ -266,6 +332,7 @@ class Consumer:
         """Ack a committed delivery, then report it (even when cancelled during the ack)."""
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = False
+        delivery.settling = True
         try:
             acked = await broker.settle(
                 self._ack_action(delivery.message), delivery.attempt.message_id
@@ -348,11 +415,9 @@ class Consumer:
         try:
             await self.publish_copy(message, attempt, decision, error_class, short_reason(exc))
         except PublishNotConfirmed as publish_exc:
-            log.warning("expiry.copy_failed", extra={**facts, "copy_error": str(publish_exc)})
-            await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
-            await broker.settle(lambda: message.nack(requeue=True), attempt.message_id)
-            self._settled_alone(message)
+            await self._copy_refused(delivery, facts, str(publish_exc))
             return
+        delivery.settling = True
         acked = await broker.settle(message.ack, attempt.message_id)
         self._settled_alone(message)
         if not acked:
@@ -364,6 +429,26 @@ class Consumer:
         else:
             self.metrics.dead_lettered(error_class, decision.why.value, seconds=elapsed)
             log.warning("expiry.dead_letter", extra={**facts, "give_up": decision.why.value})
+
+    async def _copy_refused(self, delivery: Delivery, facts: dict[str, Any], why: str) -> None:
+        """The broker refused the retry or dead-letter copy: return the delivery to the
+        queue after a pause, or, once it has come back ``REFUSAL_LIMIT`` times, reject it
+        for good (the broker dead-letters it)."""
+        message = delivery.message
+        returned = delivery_count(
+            headers_of(message.headers), redelivered=bool(message.redelivered)
+        )
+        if returned + 1 >= REFUSAL_LIMIT:
+            log.warning("expiry.copy_failed", extra={**facts, "copy_error": why, "final": True})
+            await self._reject_for_good(delivery, f"copy refused {returned + 1} times: {why}")
+            return
+        log.warning("expiry.copy_failed", extra={**facts, "copy_error": why})
+        await asyncio.sleep(
+            min(REQUEUE_PAUSE_SECONDS * 2 ** min(returned, 8), MAX_REQUEUE_PAUSE_SECONDS)
+        )
+        delivery.settling = True
+        await broker.settle(lambda: message.reject(requeue=True), delivery.attempt.message_id)
+        self._settled_alone(message)
 
     async def publish_copy(
         self,
@@ -450,3 +535,7 @@ def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked:
             "elapsed_ms": round(elapsed * 1000, 1),
         },
     )
+
+
+def _id_of(message: AbstractIncomingMessage) -> str:
+    return text_of(message.message_id, MESSAGE_ID_LIMIT) or "-"

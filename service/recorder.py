@@ -2,9 +2,12 @@
 
 It reads ``expirations.dead.log`` (a copy of everything that reaches the
 dead-letter exchange, whichever path it took) and upserts ``dead_letters``;
-``expirations.dead`` itself is left for inspection and replay. Acked only
-after the record committed; while the database is away it waits and tries
-again, then returns the message to its queue.
+``expirations.dead`` itself is left for inspection and replay. Every delivery
+ends in exactly one way: acked after its record committed, or given back to
+its queue while the database is away (``returns.give_back``, which never lets
+it reach the queue's delivery limit). A record the database refuses for its
+values is stored again in a reduced form that says why; a message that
+cannot even be read into a record is stored as an unreadable one.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from service import broker, db
-from service.errors import classify
-from service.records import DeadLetterRecord, build_record
+from service.errors import classify, refuses_values
+from service.records import DeadLetterRecord, build_record, reduced_record, unreadable_record
+from service.returns import give_back
+from service.topology import DEAD_LOG_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +35,30 @@ MAX_BACKOFF_SECONDS = 30.0
 class Recorder:
     """Handles deliveries of ``expirations.dead.log``."""
 
-    def __init__(self, pool: db.Pool, in_flight: broker.InFlight) -> None:
+    def __init__(
+        self,
+        pool: db.Pool,
+        in_flight: broker.InFlight,
+        dead_exchange: AbstractExchange,
+        *,
+        publish_timeout: float,
+    ) -> None:
         self.pool = pool
         self.in_flight = in_flight
+        self.dead_exchange = dead_exchange
+        self.publish_timeout = publish_timeout
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Record one dead letter, then ack; give it back if the database stays away."""
         self.in_flight.track()
-        record = build_record(message.headers, message.body, message.message_id, datetime.now(UTC))
-        if not await self._store(record):
-            await broker.settle(lambda: message.nack(requeue=True), record.message_id)
+        record = read_record(message)
+        if not await self._store_safely(record):
+            await give_back(
+                message,
+                dead_exchange=self.dead_exchange,
+                queue=DEAD_LOG_QUEUE,
+                timeout=self.publish_timeout,
+            )
             return
         if await broker.settle(message.ack, record.message_id):
             log.info(
@@ -53,7 +72,29 @@ class Recorder:
                 },
             )
 
+    async def _store_safely(self, record: DeadLetterRecord) -> bool:
+        """``_store``, with a net: a bug on the way stores the least record there is."""
+        try:
+            return await self._store(record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("deadletter.record_failed", extra={"message_id": record.message_id})
+            why = type(exc).__name__
+        least = unreadable_record(record.message_id, b"", record.last_seen, why)
+        try:
+            return await self._store(least)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("deadletter.record_failed", extra={"message_id": record.message_id})
+            await asyncio.sleep(MAX_BACKOFF_SECONDS)  # no hot loop of give-backs
+            return False
+
     async def _store(self, record: DeadLetterRecord) -> bool:
+        """Store ``record`` (reduced once if its values are refused); False if the
+        database stayed away through every attempt."""
+        reduced = False
         for attempt in range(RECORD_ATTEMPTS):
             try:
                 async with self.pool.acquire() as conn:
@@ -61,6 +102,13 @@ class Recorder:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if refuses_values(exc) and not reduced:
+                    log.warning(
+                        "deadletter.record_reduced",
+                        extra={"message_id": record.message_id, "error": type(exc).__name__},
+                    )
+                    record, reduced = reduced_record(record, type(exc).__name__), True
+                    continue
                 log.warning(
                     "deadletter.record_failed",
                     extra={"message_id": record.message_id, "error_class": classify(exc)[1]},
@@ -69,3 +117,13 @@ class Recorder:
             else:
                 return True
         return False
+
+
+def read_record(message: AbstractIncomingMessage) -> DeadLetterRecord:
+    """The record of a delivery; an unreadable one if reading it fails in any way."""
+    now = datetime.now(UTC)
+    try:
+        return build_record(message.headers, message.body, message.message_id, now)
+    except Exception as exc:  # build_record is total; this is the net under it
+        log.exception("deadletter.unreadable")
+        return unreadable_record(message.message_id, message.body, now, type(exc).__name__)

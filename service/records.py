@@ -2,21 +2,34 @@
 
 A dead letter arrives in one of two shapes: a copy the consumer published
 (with ``x-expiry-*`` headers: why, how many attempts, since when, by whom), or
-a message the broker dead-lettered itself when the delivery limit was reached
-(with ``x-death``, and no verdict of ours).
+a message the broker dead-lettered itself (with ``x-death`` and no verdict of
+ours): the delivery limit was reached, or a consumer rejected it. Either way
+its headers are untrusted input: every field of the record is read through
+``service.inputs`` into a bounded value, so that any record built here can be
+stored, and ``build_record`` never raises.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 from service.domain import parse_command
 from service.errors import PoisonMessage
+from service.inputs import (
+    MAX_ATTEMPT,
+    MAX_DELIVERY_COUNT,
+    bounded_int,
+    header_text,
+    headers_of,
+    mask_excerpt,
+    message_id_of,
+    recent_millis,
+    text_of,
+)
 from service.retry import GiveUp
 
 ATTEMPT_HEADER = "x-expiry-attempt"
@@ -28,10 +41,17 @@ GIVE_UP_HEADER = "x-expiry-give-up"
 WORKER_HEADER = "x-expiry-worker"
 REPLAYED_BY_HEADER = "x-expiry-replayed-by"
 
-DELIVERY_LIMIT_CLASS = "delivery-limit"
 EXCERPT_BYTES = 64
-_MASK_LETTERS = re.compile(r"[A-Za-z]")
-_MASK_DIGITS = re.compile(r"[0-9]")
+NAME_LIMIT = 64  # error classes and give-up reasons: short names
+# Error classes of dead letters the broker made, by the x-death reason.
+DELIVERY_LIMIT_CLASS = "delivery-limit"
+REJECTED_CLASS = "rejected"
+BROKER_CLASSES = {
+    "delivery_limit": (DELIVERY_LIMIT_CLASS, GiveUp.DELIVERY_LIMIT),
+    "rejected": (REJECTED_CLASS, GiveUp.REJECTED),
+    "expired": ("expired", GiveUp.EXPIRED),
+    "maxlen": ("max-length", GiveUp.MAX_LENGTH),
+}
 
 
 @dataclass(frozen=True)
@@ -51,89 +71,114 @@ class DeadLetterRecord:
     body_excerpt: str | None
 
 
-def header_int(headers: dict[str, Any], name: str, default: int) -> int:
-    """An integer header, or ``default`` when missing or garbage."""
-    value = headers.get(name)
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    try:
-        return int(value) if value is not None else default
-    except (TypeError, ValueError):
-        return default
-
-
-def header_text(headers: dict[str, Any], name: str, default: str, limit: int = 200) -> str:
-    """A short text header, or ``default``."""
-    value = headers.get(name)
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return str(value)[:limit] if value not in (None, "") else default
-
-
-def stable_message_id(message_id: str | None, body: bytes) -> str:
-    """The message id, or one derived from the body when the sender set none."""
-    if message_id:
-        return message_id[:255]
-    return "nomid:" + hashlib.sha256(body).hexdigest()[:16]
-
-
-def mask_excerpt(body: bytes) -> str:
-    """A bounded excerpt that shows a body's shape but none of its letters or digits."""
-    text = body[:EXCERPT_BYTES].decode("utf-8", "replace")
-    masked = _MASK_DIGITS.sub("9", _MASK_LETTERS.sub("x", text))
-    suffix = f"... ({len(body)} bytes)" if len(body) > EXCERPT_BYTES else f" ({len(body)} bytes)"
-    return masked + suffix
+def stable_message_id(message_id: object, body: bytes) -> str:
+    """The message id (cleaned), or one derived from the body when the sender set none."""
+    return message_id_of(message_id, body)
 
 
 def _ms(value: int) -> datetime:
     return datetime.fromtimestamp(value / 1000, UTC)
 
 
-def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
+def latest_death(headers: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The most recent ``x-death`` entry (the broker lists them newest first), or ``{}``."""
     deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        return deaths[0]
+    if isinstance(deaths, list) and deaths:
+        return headers_of(deaths[0])
     return {}
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    error_class: str
+    give_up: str
+    reason: str
+    attempts: int
+    worker: str
+    last_ms: int
+
+
+def _our_verdict(headers: Mapping[str, Any], now_ms: int) -> _Verdict:
+    """A copy our consumer published: its ``x-expiry-*`` headers say why."""
+    return _Verdict(
+        error_class=header_text(headers, ERROR_CLASS_HEADER, "unexpected", NAME_LIMIT),
+        give_up=header_text(headers, GIVE_UP_HEADER, GiveUp.PERMANENT, NAME_LIMIT),
+        reason=header_text(headers, REASON_HEADER, "-"),
+        attempts=bounded_int(headers.get(ATTEMPT_HEADER), 1, MAX_ATTEMPT) or 1,
+        worker=header_text(headers, WORKER_HEADER, "-"),
+        last_ms=recent_millis(headers.get(LAST_SEEN_HEADER), now_ms) or now_ms,
+    )
+
+
+def _broker_verdict(headers: Mapping[str, Any], death: Mapping[str, Any], now_ms: int) -> _Verdict:
+    """A message the broker dead-lettered: its ``x-death`` entry says why."""
+    why = text_of(death.get("reason"), NAME_LIMIT) or "unknown"
+    error_class, give_up = BROKER_CLASSES.get(why, ("broker-dead-lettered", GiveUp.BROKER))
+    deliveries = bounded_int(headers.get("x-delivery-count"), 0, MAX_DELIVERY_COUNT) or 0
+    count = bounded_int(death.get("count"), 1, MAX_DELIVERY_COUNT) or 1
+    return _Verdict(
+        error_class=error_class,
+        give_up=give_up,
+        reason=f"broker dead-lettered it ({why})",
+        attempts=min(MAX_ATTEMPT, max(1, deliveries + 1, count)),
+        worker="broker",
+        last_ms=recent_millis(death.get("time"), now_ms) or now_ms,
+    )
+
+
 def build_record(
-    headers: dict[str, Any] | None, body: bytes, message_id: str | None, now: datetime
+    headers: object, body: bytes, message_id: object, now: datetime
 ) -> DeadLetterRecord:
-    """The record of one dead letter, from its headers and body."""
-    headers = headers or {}
-    reservation_id, hold_until, excerpt = _identify(body)
+    """The record of one dead letter, from its headers and body (never raises)."""
+    table = headers_of(headers)
     now_ms = round(now.timestamp() * 1000)
-    if GIVE_UP_HEADER in headers:
-        give_up = header_text(headers, GIVE_UP_HEADER, GiveUp.PERMANENT)
-        error_class = header_text(headers, ERROR_CLASS_HEADER, "unexpected")
-        reason = header_text(headers, REASON_HEADER, "-")
-        attempts = max(1, header_int(headers, ATTEMPT_HEADER, 1))
-        worker = header_text(headers, WORKER_HEADER, "-")
-        last_ms = header_int(headers, LAST_SEEN_HEADER, now_ms)
-    else:  # dead-lettered by the broker: the delivery limit was reached
-        death = _first_death(headers)
-        give_up = GiveUp.DELIVERY_LIMIT
-        error_class = DELIVERY_LIMIT_CLASS
-        reason = f"broker dead-lettered it ({header_text(death, 'reason', 'unknown')})"
-        attempts = max(
-            1, header_int(headers, "x-delivery-count", 0) + 1, header_int(death, "count", 1)
-        )
-        worker = "broker"
-        died = death.get("time")
-        last_ms = round(died.timestamp() * 1000) if isinstance(died, datetime) else now_ms
-    first_ms = min(last_ms, header_int(headers, FIRST_SEEN_HEADER, last_ms))
+    if GIVE_UP_HEADER in table:
+        verdict = _our_verdict(table, now_ms)
+    else:
+        verdict = _broker_verdict(table, latest_death(table), now_ms)
+    first_ms = recent_millis(table.get(FIRST_SEEN_HEADER), now_ms) or verdict.last_ms
+    reservation_id, hold_until, excerpt = _identify(body)
     return DeadLetterRecord(
         message_id=stable_message_id(message_id, body),
         reservation_id=reservation_id,
         hold_until=hold_until,
-        error_class=error_class,
-        give_up=str(give_up),
-        reason=reason,
-        attempts=attempts,
-        first_seen=_ms(first_ms),
-        last_seen=_ms(last_ms),
-        worker=worker,
+        error_class=verdict.error_class,
+        give_up=verdict.give_up,
+        reason=verdict.reason,
+        attempts=verdict.attempts,
+        first_seen=_ms(min(first_ms, verdict.last_ms)),
+        last_seen=_ms(verdict.last_ms),
+        worker=verdict.worker,
         body_excerpt=excerpt,
+    )
+
+
+def reduced_record(record: DeadLetterRecord, why: str) -> DeadLetterRecord:
+    """The record without what a database could refuse: no reservation, no deadline, no
+    excerpt, and a reason that says why it was reduced."""
+    return replace(
+        record,
+        reservation_id=None,
+        hold_until=None,
+        body_excerpt=None,
+        reason=text_of(f"record reduced ({why}); was: {record.reason}") or "record reduced",
+    )
+
+
+def unreadable_record(message_id: object, body: bytes, now: datetime, why: str) -> DeadLetterRecord:
+    """The least a record can say: the message could not even be read into a record."""
+    return DeadLetterRecord(
+        message_id=stable_message_id(message_id, body),
+        reservation_id=None,
+        hold_until=None,
+        error_class="unreadable",
+        give_up=GiveUp.UNREADABLE,
+        reason=text_of(f"the dead letter could not be read ({why})") or "unreadable",
+        attempts=1,
+        first_seen=now,
+        last_seen=now,
+        worker="-",
+        body_excerpt=None,
     )
 
 
@@ -141,5 +186,9 @@ def _identify(body: bytes) -> tuple[UUID | None, datetime | None, str | None]:
     try:
         command = parse_command(body)
     except PoisonMessage:
-        return None, None, mask_excerpt(body)
-    return command.reservation_id, command.hold_until, None
+        return None, None, mask_excerpt(body, EXCERPT_BYTES)
+    try:  # a deadline a database may refuse (beyond year 1 or 9999 once in UTC)
+        hold_until = command.hold_until.astimezone(UTC)
+    except (OverflowError, ValueError):
+        return command.reservation_id, None, None
+    return command.reservation_id, hold_until, None

@@ -15,6 +15,15 @@ class GiveUp(StrEnum):
     ATTEMPTS_EXHAUSTED = "attempts-exhausted"
     AGE_EXHAUSTED = "age-exhausted"
     DELIVERY_LIMIT = "delivery-limit"
+    # Dead-lettered by the broker for other reasons (x-death): a consumer rejected it
+    # (its retry or dead-letter copy was refused, or its handling failed unexpectedly),
+    # its per-message TTL ran out, or a length limit pushed it out.
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    MAX_LENGTH = "max-length"
+    BROKER = "broker"
+    # The dead letter itself could not be read into a record.
+    UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ DEAD_LOG_QUEUE = "expirations.dead.log"
 # after this many deliveries the broker dead-letters it to expirations.dead.
 # Set explicitly: RabbitMQ 4.x would otherwise apply a default of 20.
 DELIVERY_LIMIT = 10
-# The dead-letter queue is read only by operators; it must never drop a
-# message, so its limit is set far above anything a replay could reach.
+# The dead-letter queues are read only by operators and the recorder; they must
+# never drop a message, so their limit is set far above normal use, and a dead
+# letter returned half as often is replaced by a fresh copy (service/returns.py).
 DEAD_DELIVERY_LIMIT = 1000
 
 # Each quorum queue starts with this many replicas (capped at the cluster's
@@ -74,12 +75,18 @@ class ExchangeSpec:
 
 @dataclass(frozen=True)
 class QueueSpec:
-    """A durable queue, bound to ``exchange`` with ``routing_key``."""
+    """A durable queue, bound to ``exchange`` with ``routing_key`` (and ``also_routed_by``)."""
 
     name: str
     exchange: str
     routing_key: str
     arguments: dict[str, ArgValue] = field(default_factory=dict)
+    also_routed_by: tuple[str, ...] = ()
+
+    @property
+    def routing_keys(self) -> tuple[str, ...]:
+        """Every routing key that binds this queue to its exchange."""
+        return (self.routing_key, *self.also_routed_by)
 
 
 @dataclass(frozen=True)
@@ -129,17 +136,22 @@ def build_topology(retry_delays: tuple[int, ...]) -> Topology:
         )
         for delay in retry_delays
     )
+    # Each dead-letter queue is also routed by its own name, so that a dead letter
+    # returned too often can be replaced by a fresh copy in that queue alone
+    # (service/returns.py).
     dead = QueueSpec(
         DEAD_QUEUE,
         DEAD_EXCHANGE,
         DEAD_ROUTING_KEY,
         _quorum(**{"x-delivery-limit": DEAD_DELIVERY_LIMIT}),
+        also_routed_by=(DEAD_QUEUE,),
     )
     dead_log = QueueSpec(
         DEAD_LOG_QUEUE,
         DEAD_EXCHANGE,
         DEAD_ROUTING_KEY,
         _quorum(**{"x-delivery-limit": DEAD_DELIVERY_LIMIT}),
+        also_routed_by=(DEAD_LOG_QUEUE,),
     )
     return Topology(
         exchanges=(
@@ -182,10 +194,11 @@ def definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str
                 "vhost": vhost,
                 "destination": q.name,
                 "destination_type": "queue",
-                "routing_key": q.routing_key,
+                "routing_key": key,
                 "arguments": {},
             }
             for q in topology.queues
+            for key in q.routing_keys
         ],
     }
 
@@ -215,7 +228,8 @@ async def declare_topology(channel: AbstractChannel, topology: Topology) -> Decl
             f"queue {spec.name!r}",
             channel.declare_queue(spec.name, durable=True, arguments=dict(spec.arguments)),
         )
-        await queue.bind(exchanges[spec.exchange], routing_key=spec.routing_key)
+        for key in spec.routing_keys:
+            await queue.bind(exchanges[spec.exchange], routing_key=key)
         queues[spec.name] = queue
     return Declared(exchanges, queues)
 

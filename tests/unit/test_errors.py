@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncpg
+import asyncpg.exceptions._base as asyncpg_base
 import pytest
 from aiormq.exceptions import AMQPConnectionError, ChannelClosed
 
@@ -36,6 +37,10 @@ T, P = Disposition.TRANSIENT, Disposition.PERMANENT
         (ConnectionRefusedError(111, "refused"), (T, errors.DB_UNAVAILABLE)),
         (OSError("unreachable"), (T, errors.DB_UNAVAILABLE)),
         (asyncpg.UndefinedTableError("x"), (T, errors.DB_ERROR)),
+        (asyncpg.NumericValueOutOfRangeError("x"), (P, errors.DB_DATA)),
+        (asyncpg.CharacterNotInRepertoireError("x"), (P, errors.DB_DATA)),
+        (asyncpg.CheckViolationError("x"), (P, errors.DB_DATA)),
+        (asyncpg_base.DataError("invalid input for query argument $3"), (P, errors.DB_DATA)),
         (AMQPConnectionError("x"), (T, errors.BROKER_UNAVAILABLE)),
         (ChannelClosed(), (T, errors.BROKER_UNAVAILABLE)),
         (PublishNotConfirmed(), (T, errors.BROKER_UNAVAILABLE)),
@@ -50,3 +55,23 @@ def test_classify(exc: BaseException, expected: tuple[Disposition, str]) -> None
 def test_error_docstring_is_default_message() -> None:
     """A service error without a message says what its class means."""
     assert str(UnknownReservation()) == "The command names a reservation that does not exist."
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (asyncpg.CharacterNotInRepertoireError("x"), True),
+        (asyncpg_base.DataError("x"), True),
+        (OverflowError("date value out of range"), True),
+        (ValueError("x"), True),
+        (asyncpg.CannotConnectNowError("x"), False),
+        (asyncpg.ConnectionDoesNotExistError("x"), False),
+        (OSError("unreachable"), False),
+        (TimeoutError(), False),
+    ],
+)
+def test_refuses_values_tells_the_values_from_the_database(
+    exc: BaseException, expected: bool
+) -> None:
+    """Values the database refuses are told apart from a database that is away."""
+    assert errors.refuses_values(exc) is expected

@@ -1,0 +1,84 @@
+"""Trace context read from headers that anyone could have forged.
+
+The aio-pika instrumentation extracts the W3C trace context from a
+delivery's headers before our callback runs; the standard propagators expect
+text and raise on anything else (``traceparent: 5`` raises ``TypeError``),
+which would leave the delivery unsettled. ``SafePropagator`` hands them only
+short text values and turns any failure into "no context": a forged header
+costs its delivery its parent span, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+from opentelemetry.propagators.textmap import (
+    CarrierT,
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_VALUE_LENGTH = 4096
+
+
+def text_values(carrier: object, names: set[str]) -> dict[str, str]:
+    """The carrier's ``names`` whose values are short text (bytes decoded as UTF-8)."""
+    if not isinstance(carrier, Mapping):
+        return {}
+    found: dict[str, str] = {}
+    for name in names:
+        value = carrier.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, str) and len(value) <= MAX_VALUE_LENGTH:
+            found[name] = value
+    return found
+
+
+class SafePropagator(TextMapPropagator):
+    """Wraps a propagator: extraction sees only clean text and never raises."""
+
+    def __init__(self, inner: TextMapPropagator) -> None:
+        self.inner = inner
+
+    def extract(
+        self,
+        carrier: CarrierT,
+        context: otel_context.Context | None = None,
+        getter: Getter[CarrierT] = default_getter,
+    ) -> otel_context.Context:
+        base = context if context is not None else otel_context.get_current()
+        clean = text_values(carrier, set(self.inner.fields))
+        try:
+            return self.inner.extract(clean, context=base)
+        except Exception:  # a value the propagator could not read: no parent, no harm
+            log.debug("trace.context_unreadable")
+            return base
+
+    def inject(
+        self,
+        carrier: CarrierT,
+        context: otel_context.Context | None = None,
+        setter: Setter[CarrierT] = default_setter,
+    ) -> None:
+        self.inner.inject(carrier, context=context, setter=setter)
+
+    @property
+    def fields(self) -> set[str]:
+        return self.inner.fields
+
+
+def install() -> None:
+    """Make the global propagator safe for untrusted carriers (idempotent)."""
+    current: Any = propagate.get_global_textmap()
+    if not isinstance(current, SafePropagator):
+        propagate.set_global_textmap(SafePropagator(current))
