@@ -19,7 +19,6 @@ from urllib.parse import unquote, urlsplit
 
 from pamqp import commands, frame, header
 from pamqp import heartbeat as pamqp_heartbeat
-from pamqp.base import Frame
 from pamqp.body import ContentBody
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -37,20 +36,20 @@ class RawMessage:
     patch: Patch | None = None
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Frame:
+async def _read_frame(reader: asyncio.StreamReader) -> object:
     head = await reader.readexactly(7)
     size = struct.unpack(">I", head[3:7])[0]
     rest = await reader.readexactly(size + 1)
     _consumed, _channel, value = frame.unmarshal(head + rest)
     if isinstance(value, pamqp_heartbeat.Heartbeat):
         return await _read_frame(reader)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 async def _expect(reader: asyncio.StreamReader, kind: type[Any]) -> Any:
     value = await _read_frame(reader)
     if not isinstance(value, kind):
-        raise AssertionError(f"expected {kind.__name__}, got {value!r}")
+        raise AssertionError(f"expected {kind.__name__}, got {value!r}")  # noqa: TRY004
     return value
 
 
@@ -93,7 +92,7 @@ async def publish_raw_frames(
             writer.write(frame.marshal(ContentBody(message.body), 1))
             answer = await _read_frame(reader)
             if not isinstance(answer, commands.Basic.Ack):
-                raise AssertionError(f"the broker did not confirm a raw publish: {answer!r}")
+                raise AssertionError(f"the broker did not confirm a raw publish: {answer!r}")  # noqa: TRY004
         writer.write(frame.marshal(commands.Connection.Close(200, "bye", 0, 0), 0))
         await _expect(reader, commands.Connection.CloseOk)
     finally:
