@@ -112,6 +112,17 @@ def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
     )
 
 
+def attempt_of(message: AbstractIncomingMessage) -> Attempt:
+    """``read_attempt`` now; should it ever fail, a first attempt (the delivery must
+    still be handled and settled)."""
+    now = now_ms()
+    try:
+        return read_attempt(message, now)
+    except Exception:
+        log.exception("expiry.unreadable_headers")
+        return Attempt(number=1, first_seen_ms=now, message_id="-")
+
+
 @dataclass
 class Delivery:
     """One delivery being handled: the message, what it says of itself, since when."""
@@ -202,7 +213,7 @@ class Consumer:
             command = parse_command(message.body)
         except Exception:  # the full path classifies it and dead-letters it
             return False
-        attempt = read_attempt(message, now_ms())
+        attempt = attempt_of(message)
         if self.settings.failpoint:
             self._failpoint(FAILPOINT_EXIT_ON + str(command.reservation_id))
         delivery = Delivery(message, attempt, started, command.reservation_id)
@@ -264,9 +275,12 @@ class Consumer:
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Process one delivery and settle it explicitly."""
-        delivery = Delivery(message, read_attempt(message, now_ms()), time.monotonic())
-        annotate_delivery(trace.get_current_span(), message, delivery.attempt)
-        await self._settled(delivery, self._conclude(delivery, self._outcome(delivery)))
+        delivery = Delivery(message, attempt_of(message), time.monotonic())
+        await self._settled(delivery, self._handle(delivery))
+
+    async def _handle(self, delivery: Delivery) -> None:
+        annotate_delivery(trace.get_current_span(), delivery.message, delivery.attempt)
+        await self._conclude(delivery, self._outcome(delivery))
 
     async def _settled(self, delivery: Delivery, handling: Coroutine[Any, Any, None]) -> None:
         """Run a delivery's handling; if anything in it fails unexpectedly before the

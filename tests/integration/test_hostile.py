@@ -407,3 +407,37 @@ async def _peek_all(stack: Stack, queue_name: str) -> list[aio_pika.abc.Abstract
         return messages
     finally:
         await connection.close()
+
+
+async def test_an_unexpected_failure_still_settles_and_records(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug anywhere in a delivery's handling (here: reading its headers, and publishing
+    its dead-letter copy) never leaves it unsettled: it is handled as a first attempt, or
+    rejected so that the broker dead-letters it, and then recorded."""
+    from service import handler
+
+    def broken_read(*_args: object) -> handler.Attempt:
+        raise RuntimeError("a bug in read_attempt")
+
+    async def broken_copy(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug in publish_copy")
+
+    monkeypatch.setattr(handler, "read_attempt", broken_read)
+    monkeypatch.setattr(handler.Consumer, "publish_copy", broken_copy)
+    [rid] = await insert_holds(stack.database_url, 1)
+    now = datetime.datetime.now(datetime.UTC)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await _publish(
+            stack,
+            "expirations",
+            "expire",
+            [_message(command_body(rid, now), "bug-good", {}), _message(b"junk", "bug-junk", {})],
+        )
+        await eventually(lambda: _count_is(stack, 1), timeout=30)
+        await eventually(lambda: _all_expired(stack, 1))
+        assert not task.done()
+    await _settled(stack, "expirations", "expirations.dead.log")
+    [record] = await _records(stack)
+    assert (record["message_id"], record["error_class"]) == ("bug-junk", "rejected")
