@@ -441,3 +441,22 @@ async def test_an_unexpected_failure_still_settles_and_records(
     await _settled(stack, "expirations", "expirations.dead.log")
     [record] = await _records(stack)
     assert (record["message_id"], record["error_class"]) == ("bug-junk", "rejected")
+
+
+async def test_a_record_the_database_refuses_is_stored_reduced(stack: Stack) -> None:
+    """When PostgreSQL refuses a record's values (here a constraint refuses every
+    excerpt), the recorder stores it without them, saying why, instead of looping."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "ALTER TABLE dead_letters ADD CONSTRAINT no_excerpts CHECK (body_excerpt IS NULL)"
+        )
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await _publish(stack, "expirations", "expire", [_message(b"junk", "refused-1", {})])
+        await eventually(lambda: _count_is(stack, 1), timeout=30)
+    await _settled(stack, "expirations", "expirations.dead.log")
+    [record] = await _records(stack)
+    assert record["message_id"] == "refused-1"
+    assert record["body_excerpt"] is None
+    assert record["reason"].startswith("record reduced (CheckViolationError)")
+    assert record["error_class"] == "poison.not-json"
