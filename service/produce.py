@@ -5,6 +5,9 @@ One bounded pass, oldest deadline first, in keyset pages. Each page is locked
 and claimed with a short lease in one short transaction; then published with
 confirms, one window for the page; then the lease of each confirmed command is
 extended, and the claims of the others lapse at once.
+
+SIGTERM or SIGINT stops a pass between pages: nothing more is claimed or
+published, the confirms in flight are awaited and recorded as usual.
 """
 
 from __future__ import annotations
@@ -15,26 +18,44 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
 import aio_pika
-from aio_pika.abc import AbstractExchange, DeliveryMode
+from aio_pika.abc import AbstractExchange, AbstractRobustConnection, DeliveryMode
 
 from service import broker, db, telemetry
 from service.cli import positive_seconds, run_command
 from service.domain import command_body, message_id
-from service.errors import PublishNotConfirmed
+from service.errors import PublishNotConfirmed, ServiceError
 from service.settings import Settings
 from service.topology import EXCHANGE, ROUTING_KEY, build_topology, declare_topology
 
 log = logging.getLogger("service.produce")
 
+T = TypeVar("T")
+
 APP_ID = "expiry-service"
 # A claim outlives the wait for confirms by this much; if the scan dies while
 # publishing, its claims lapse and the next scan publishes those holds again.
 CLAIM_MARGIN_SECONDS = 5.0
+# After SIGTERM or SIGINT a pass only waits for the confirms in flight (at most
+# the publish timeout), records them (a short transaction) and closes its
+# connections (about 2 s for a broker that no longer answers). Past the publish
+# timeout plus this margin it is cancelled and records nothing more: the claims
+# of its pages in flight lapse on their own, at the latest CLAIM_MARGIN_SECONDS
+# after the publish timeout, and a later scan publishes those holds again (a
+# command confirmed but not yet recorded is then sent twice; the consumer finds
+# its second delivery already done).
+STOP_MARGIN_SECONDS = 5.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+ABANDONED = (
+    "stopped by a signal, then cancelled after {:g}s before its last confirms were "
+    "recorded; their claims lapse on their own and the next scan publishes the rest"
+)
 
 
 @dataclass
@@ -44,6 +65,20 @@ class ScanResult:
     published: int = 0
     failed: int = 0
     batches: int = 0
+    stopped: bool = False  # ended before its last page, ``stop`` being set
+
+
+class ScanStopped(ServiceError):
+    """The scan was stopped by SIGTERM or SIGINT before it finished."""
+
+    def __init__(self, result: ScanResult, message: str | None = None) -> None:
+        unconfirmed = f", {result.failed} not confirmed" if result.failed else ""
+        super().__init__(
+            message
+            or f"stopped by a signal before finishing: {result.published} command(s) "
+            f"confirmed{unconfirmed}; the next scan publishes the rest"
+        )
+        self.result = result
 
 
 def build_command(hold: db.DueHold) -> aio_pika.Message:
@@ -58,21 +93,20 @@ def build_command(hold: db.DueHold) -> aio_pika.Message:
     )
 
 
-async def scan(settings: Settings) -> ScanResult:
-    """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed."""
-    # The broker first: if it is down, nothing is claimed and nothing recorded.
-    connection = await broker.connect(settings, name=f"expiry-produce {settings.worker_id}")
-    try:
-        channel = await broker.open_confirm_channel(connection)
-        declared = await declare_topology(channel, build_topology(settings.retry_delays))
-        exchange = declared.exchanges[EXCHANGE]
-        conn = await db.connect(settings, application_name="expiry-produce")
-        try:
-            result = await scan_pass(conn, exchange, settings)
-        finally:
-            await conn.close()
-    finally:
-        await connection.close()
+async def scan(settings: Settings, *, stop: asyncio.Event | None = None) -> ScanResult:
+    """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed.
+
+    Once ``stop`` is set the scan claims and publishes nothing more (while it is
+    still connecting it gives up as soon as it can) and raises ``ScanStopped``.
+    """
+    stop = stop or asyncio.Event()
+    async with contextlib.AsyncExitStack() as opened:
+        # The broker first: if it is down, nothing is claimed and nothing recorded.
+        connection = await _connect_broker(settings, opened)
+        conn, exchange = await _unless_stopped(stop, _prepare(settings, connection, opened))
+        result = await scan_pass(conn, exchange, settings, stop=stop)
+    if result.stopped:
+        raise ScanStopped(result)
     if result.failed:
         raise PublishNotConfirmed(
             f"{result.failed} command(s) not confirmed by the broker "
@@ -81,34 +115,101 @@ async def scan(settings: Settings) -> ScanResult:
     return result
 
 
+async def _connect_broker(
+    settings: Settings, opened: contextlib.AsyncExitStack
+) -> AbstractRobustConnection:
+    """Connect to the broker (the connection is closed with ``opened``).
+
+    The attempt is never cancelled, not even with the scan: a robust connection
+    cancelled while it connects would go on reconnecting for ever, and the
+    process could not exit. Each node's attempt ends within the publish timeout.
+    """
+    name = f"expiry-produce {settings.worker_id}"
+    attempt = asyncio.ensure_future(broker.connect(settings, name=name))
+    try:
+        connection = await asyncio.shield(attempt)
+    except asyncio.CancelledError:
+        await asyncio.wait((attempt,))
+        if not attempt.cancelled() and attempt.exception() is None:
+            await attempt.result().close()
+        raise
+    opened.push_async_callback(connection.close)
+    return connection
+
+
+async def _prepare(
+    settings: Settings, connection: AbstractRobustConnection, opened: contextlib.AsyncExitStack
+) -> tuple[db.Connection, AbstractExchange]:
+    """Declare the topology and connect to the database (closed with ``opened``)."""
+    channel = await broker.open_confirm_channel(connection)
+    declared = await declare_topology(channel, build_topology(settings.retry_delays))
+    conn = await db.connect(settings, application_name="expiry-produce")
+    opened.push_async_callback(conn.close)
+    return conn, declared.exchanges[EXCHANGE]
+
+
+async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T:
+    """Await ``step``; if ``stop`` is set first, cancel it and raise ``ScanStopped``."""
+    task = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    if task.cancelled():
+        raise ScanStopped(ScanResult(stopped=True))
+    return task.result()
+
+
 async def scan_pass(
-    conn: db.Connection, exchange: AbstractExchange, settings: Settings
+    conn: db.Connection,
+    exchange: AbstractExchange,
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
 ) -> ScanResult:
     """Publish every due hold without a live lease, as of the scan's start.
 
     Pipelined two pages deep: while one page's confirms come in, the next page
     is claimed and published, and the page before is recorded; so neither the
     broker nor the database waits for the other, and at most two pages are in
-    memory whatever the backlog.
+    memory whatever the backlog. Once ``stop`` is set no page is claimed or
+    published any more: the pages in flight are recorded, and a pass that ends
+    before its last page says ``stopped``.
     """
     result = ScanResult()
+    stop = stop or asyncio.Event()
     until = await db.db_now(conn)
     cursor = (db.EPOCH_START, db.NIL_UUID)
     previous: Publishing | None = None
     try:
-        while True:
+        while not _stopping(stop, result):
             page, batch = await claim_page(conn, settings, until=until, after=cursor)
+            if _stopping(stop, result):
+                await db.release_claims(conn, [hold.id for hold in batch])
+                break
             pending = previous
             previous = Publishing(batch, settings.publish_timeout_seconds, exchange)
             if pending is not None:
                 await record_page(conn, settings, pending, result)
-            if not page or len(page) < settings.scan_batch_size or result.failed:
+            if not page or len(page) < settings.scan_batch_size:
+                break
+            if _stopping(stop, result) or result.failed:
                 break
             cursor = (page[-1].hold_until, page[-1].id)
     finally:
         if previous is not None:
-            await record_page(conn, settings, previous, result)
+            await record_last_page(conn, settings, previous, result)
     return result
+
+
+def _stopping(stop: asyncio.Event, result: ScanResult) -> bool:
+    """Whether the pass must stop before its next page (noted in ``result``)."""
+    result.stopped = stop.is_set()
+    return result.stopped
 
 
 class Publishing:
@@ -117,6 +218,18 @@ class Publishing:
     def __init__(self, batch: list[db.DueHold], timeout: float, exchange: AbstractExchange) -> None:
         self.batch = batch
         self.task = asyncio.ensure_future(publish_batch(exchange, batch, timeout))
+
+
+async def record_last_page(
+    conn: db.Connection, settings: Settings, page: Publishing, result: ScanResult
+) -> None:
+    """Record the page still in flight, unless the pass is being cancelled: then its
+    publishes are abandoned too, and its claims lapse on their own."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        page.task.cancel()
+        return
+    await record_page(conn, settings, page, result)
 
 
 async def record_page(
@@ -191,9 +304,9 @@ async def publish_batch(
     return confirmed
 
 
-async def _scan_and_report(settings: Settings) -> None:
+async def _scan_and_report(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     started = time.monotonic()
-    result = await scan(settings)
+    result = await scan(settings, stop=stop)
     elapsed = time.monotonic() - started
     print(
         f"scan: published {result.published} command(s) in {result.batches} batch(es), "
@@ -206,16 +319,14 @@ async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -
     """Start a scan every ``interval`` seconds (start to start) until ``stop``.
 
     A pass that takes longer than ``interval`` is followed by the next at once
-    (no burst to catch up); a failed scan is logged, not fatal.
+    (no burst to catch up); a failed scan is logged, not fatal; ``stop`` also
+    stops the pass under way (see ``scan``).
     """
     loop = asyncio.get_running_loop()
     next_start = loop.time()
     while not stop.is_set():
         next_start += interval
-        try:
-            await _scan_and_report(settings)
-        except Exception:
-            log.exception("scan.failed")
+        await _pass_on_timer(settings, stop)
         now = loop.time()
         if next_start < now:
             next_start = now
@@ -224,20 +335,65 @@ async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -
                 await stop.wait()
 
 
+async def _pass_on_timer(settings: Settings, stop: asyncio.Event) -> None:
+    """One pass of ``--every``: its failure, or its early stop, is logged."""
+    try:
+        await _scan_and_report(settings, stop=stop)
+    except ScanStopped as stopped:
+        facts = {"published": stopped.result.published, "failed": stopped.result.failed}
+        log.info("scan.stopped", extra=facts)
+    except Exception:
+        log.exception("scan.failed")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(
+    stop: asyncio.Event, deadline: asyncio.Timeout, bound: float
+) -> Iterator[None]:
+    """On SIGTERM or SIGINT set ``stop``, and give what runs ``bound`` seconds more."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            stop.set()
+            deadline.reschedule(loop.time() + bound)
+
+    for signum in SIGNALS:
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        yield
+    finally:
+        for signum in SIGNALS:
+            loop.remove_signal_handler(signum)
+
+
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     tracing = telemetry.setup_tracing(settings, "produce")
     try:
-        if args.every is None:
-            await _scan_and_report(settings)
-            return 0
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await scan_every(settings, args.every, stop)
-        return 0
+        await _run_until_stopped(settings, args.every)
     finally:
         telemetry.shutdown(tracing)
+    return 0
+
+
+async def _run_until_stopped(settings: Settings, every: float | None) -> None:
+    """One scan, or scans every ``every`` seconds, until done or stopped by a signal."""
+    stop = asyncio.Event()
+    bound = settings.publish_timeout_seconds + STOP_MARGIN_SECONDS
+    deadline = asyncio.timeout(None)
+    try:
+        async with deadline:
+            with _stop_on_signals(stop, deadline, bound):
+                if every is None:
+                    await _scan_and_report(settings, stop=stop)
+                else:
+                    await scan_every(settings, every, stop)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        if every is None:
+            raise ScanStopped(ScanResult(stopped=True), ABANDONED.format(bound)) from None
+        log.warning("scan.abandoned", extra={"after_seconds": bound})
 
 
 def main() -> None:
