@@ -18,11 +18,16 @@ from aio_pika.abc import (
 )
 from yarl import URL
 
+from service import wire
 from service.errors import PublishNotConfirmed
+from service.redaction import redact
 from service.settings import Settings
-from service.telemetry import redact
 
 log = logging.getLogger(__name__)
+
+# Every process that talks to the broker imports this module: from here on no
+# frame a publisher can send closes its connection (see service/wire.py).
+wire.install()
 
 
 def connection_url(url: str, *, heartbeat: int, name: str) -> URL:
@@ -88,20 +93,31 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     last: BaseException | None = None
     for index, url in enumerate(nodes):
         try:
-            connection = await aio_pika.connect_robust(
-                url, timeout=settings.publish_timeout_seconds, connection_class=ClusterConnection
-            )
+            connection = await _connect_node(url, settings.publish_timeout_seconds)
         except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
             log.warning(
                 "broker.unreachable", extra={"url": redact(str(url)), "error": _describe(exc)}
             )
             last = exc
         else:
-            if isinstance(connection, ClusterConnection):
-                connection.use_nodes(nodes, index)
+            connection.use_nodes(nodes, index)
             return connection
-    listed = ", ".join(redact(url) for url in settings.amqp_url)
-    raise ConnectionError(f"cannot reach RabbitMQ at {listed}: {_describe(last)}") from last
+    listed = ", ".join(settings.amqp_url)
+    raise ConnectionError(redact(f"cannot reach RabbitMQ at {listed}: {_describe(last)}")) from last
+
+
+async def _connect_node(url: URL, timeout: float) -> ClusterConnection:
+    """One node's robust connection, or none at all: an attempt that fails or is
+    cancelled (a SIGTERM while connecting) closes it, so that it does not go on
+    reconnecting in the background (``aio_pika.connect_robust`` would)."""
+    connection = ClusterConnection(url)
+    try:
+        await connection.connect(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(connection.close())
+        raise
+    return connection
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from service.errors import ConfigError, UsageError
+from service.redaction import redact
 from service.settings import Settings, load_settings
-from service.telemetry import redact, setup_logging
+from service.telemetry import setup_logging
 
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
@@ -56,7 +57,7 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     try:
         settings = load_settings()
     except ConfigError as exc:
-        print(f"{parser.prog}: configuration error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: configuration error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     setup_logging(settings.log_level, settings.log_format)
     try:
@@ -67,11 +68,16 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         print(f"{parser.prog}: refused: {redact(str(exc))}", file=sys.stderr)
         code = EXIT_CONFIG
     except Exception as exc:
-        chain = cause_chain(exc)
-        print(f"{parser.prog}: failed: {chain[0]}", file=sys.stderr)
-        if args.verbose:
-            for line in chain[1:]:
-                print(f"  caused by {line}", file=sys.stderr)
-            traceback.print_exc()
+        report_failure(parser.prog, exc, verbose=args.verbose)
         code = EXIT_FAILURE
     sys.exit(code)
+
+
+def report_failure(prog: str, exc: BaseException, *, verbose: bool) -> None:
+    """One redacted line on stderr; with ``verbose`` the cause chain and the traceback too."""
+    chain = cause_chain(exc)
+    print(f"{prog}: failed: {chain[0]}", file=sys.stderr)
+    if verbose:
+        for line in chain[1:]:
+            print(f"  caused by {line}", file=sys.stderr)
+        sys.stderr.write(redact("".join(traceback.format_exception(exc))))

@@ -14,7 +14,8 @@ from asyncpg.pool import PoolConnectionProxy
 from service.domain import Outcome, outcome_of
 from service.metrics import BACKLOG_BUCKETS, Backlog
 from service.records import DeadLetterRecord
-from service.settings import Settings, redact_url
+from service.redaction import redact
+from service.settings import Settings
 
 if TYPE_CHECKING:  # the stubs make these generic; the runtime classes are not
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
@@ -76,9 +77,7 @@ async def connect(settings: Settings, *, application_name: str) -> PlainConnecti
 
 def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
     reason = str(exc).strip() or type(exc).__name__
-    return ConnectionError(
-        f"cannot reach PostgreSQL at {redact_url(settings.database_url)}: {reason}"
-    )
+    return ConnectionError(redact(f"cannot reach PostgreSQL at {settings.database_url}: {reason}"))
 
 
 DB_NOW = "SELECT now()"

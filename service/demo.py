@@ -49,6 +49,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import db
 from service.cli import run_command
+from service.dsn import with_database
 from service.settings import Settings, redact_url
 from service.topology import DEAD_QUEUE, QUEUE, retry_queue
 
@@ -153,7 +154,7 @@ def sandbox_for(settings: Settings, name: str, management_url: str | None) -> Sa
     return Sandbox(
         name=name,
         admin_database_url=settings.database_url,
-        database_url=_with_path(settings.database_url, name),
+        database_url=with_database(settings.database_url, name),
         amqp_urls=tuple(_with_path(url, name) for url in settings.amqp_url),
         management=Management(management_url or management_url_for(settings.amqp_url[0])),
     )
@@ -184,7 +185,7 @@ async def _admin_sql(url: str, statement: str) -> None:
     try:
         conn = await asyncpg.connect(url, timeout=10)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise ConnectionError(f"cannot reach PostgreSQL at {redact_url(url)}: {exc}") from None
+        raise ConnectionError(redact_url(f"cannot reach PostgreSQL at {url}: {exc}")) from None
     try:
         await conn.execute(statement)
     finally:

@@ -1,51 +1,71 @@
 """``python -m service.healthcheck``: can this container's service do its work?
 
-The container's ``HEALTHCHECK``: exit 0 only if a TCP connection opens, within
-the timeout, to the PostgreSQL host of ``DATABASE_URL`` and to at least one
-RabbitMQ node of ``AMQP_URL`` (the service uses the first reachable one), and,
-when the process serves its HTTP endpoint (``EXPIRY_HTTP_PORT``, the
-consumers), only if ``GET /readyz`` answers 200: the consumer is attached, its
-channel open and its database pool answering. It needs no extra tooling in
-the image.
+The container's ``HEALTHCHECK``: exit 0 only if, within the timeout, a
+connection opens to at least one PostgreSQL host of ``DATABASE_URL`` (TCP, or
+the unix socket of a socket directory; asyncpg's defaults when the URL names
+no host; several hosts are failover candidates, so one is enough) and to at
+least one RabbitMQ node of ``AMQP_URL`` (the service uses the first reachable
+one), and, when the process serves its HTTP endpoint (``EXPIRY_HTTP_PORT``,
+the consumers), only if ``GET /readyz`` answers 200: the consumer is attached,
+its channel open and its database pool answering. It needs no extra tooling
+in the image.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from service.cli import positive_seconds, run_command
+from service.dsn import parse_dsn
+from service.redaction import redact
 from service.settings import Settings
 
-DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "amqp": 5672, "amqps": 5671}
+DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}
 DEFAULT_TIMEOUT_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
 class Target:
-    """One ``host:port`` to open a TCP connection to."""
+    """One ``host:port`` to open a TCP connection to, or a unix socket (``path``)."""
 
     what: str
     host: str
     port: int
+    path: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.what} at {self.host}:{self.port}"
+        if self.path is not None:
+            return f"{self.what} at {self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.what} at {host}:{self.port}"
 
 
 def target(what: str, url: str) -> Target:
-    """The host and port named by a (validated) service URL."""
+    """The host and port named by a (validated) AMQP URL."""
     parts = urlsplit(url)
     return Target(what, parts.hostname or "localhost", parts.port or DEFAULT_PORTS[parts.scheme])
 
 
+def database_targets(url: str) -> list[Target]:
+    """Every host asyncpg would try for a (validated) ``DATABASE_URL``, in its order."""
+    return [
+        Target("PostgreSQL", host.address, host.port, host.socket_path)
+        for host in parse_dsn(url, os.environ).hosts
+    ]
+
+
 async def reach(where: Target, timeout: float) -> str | None:
-    """Open and close a TCP connection; return why it failed, or None."""
+    """Open and close a connection; return why it failed, or None."""
     try:
         async with asyncio.timeout(timeout):
-            _reader, writer = await asyncio.open_connection(where.host, where.port)
+            if where.path is not None:
+                _reader, writer = await asyncio.open_unix_connection(where.path)
+            else:
+                _reader, writer = await asyncio.open_connection(where.host, where.port)
     except TimeoutError:
         return f"no answer within {timeout:g}s"
     except OSError as exc:
@@ -53,6 +73,14 @@ async def reach(where: Target, timeout: float) -> str | None:
     writer.close()
     await writer.wait_closed()
     return None
+
+
+async def reach_any(targets: list[Target], timeout: float) -> list[str]:
+    """Nothing when one of ``targets`` answers; else why each did not."""
+    errors = await asyncio.gather(*(reach(each, timeout) for each in targets))
+    if any(error is None for error in errors):
+        return []
+    return [f"cannot reach {each}: {error}" for each, error in zip(targets, errors, strict=True)]
 
 
 def readiness_target(settings: Settings) -> Target | None:
@@ -83,15 +111,13 @@ async def ready(where: Target, timeout: float) -> str | None:
 
 
 async def check(settings: Settings, timeout: float) -> list[str]:
-    """Problems found: empty when the database, a broker node (and readiness) are fine."""
-    database = target("PostgreSQL", settings.database_url)
+    """Problems found: empty when a database host, a broker node (and readiness) are fine."""
+    database = database_targets(settings.database_url)
     nodes = [target("RabbitMQ", url) for url in settings.amqp_url]
-    database_error, *node_errors = await asyncio.gather(
-        reach(database, timeout), *(reach(node, timeout) for node in nodes)
+    database_problems, node_problems = await asyncio.gather(
+        reach_any(database, timeout), reach_any(nodes, timeout)
     )
-    problems = [] if database_error is None else [f"cannot reach {database}: {database_error}"]
-    if all(error is not None for error in node_errors):
-        problems += [f"cannot reach {n}: {e}" for n, e in zip(nodes, node_errors, strict=True)]
+    problems = database_problems + node_problems
     endpoint = readiness_target(settings)
     if endpoint is not None and (not_ready := await ready(endpoint, timeout)) is not None:
         problems.append(f"not ready ({endpoint}): {not_ready}")
@@ -101,7 +127,7 @@ async def check(settings: Settings, timeout: float) -> list[str]:
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     problems = await check(settings, args.timeout)
     if problems:
-        print(f"unhealthy: {'; '.join(problems)}", flush=True)
+        print(redact(f"unhealthy: {'; '.join(problems)}"), flush=True)
         return 1
     ready_too = " and /readyz answers 200" if readiness_target(settings) else ""
     print(f"healthy: PostgreSQL and RabbitMQ are reachable{ready_too}", flush=True)
@@ -113,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m service.healthcheck",
         description=(
-            "Exit 0 only if a TCP connection opens to the PostgreSQL host of DATABASE_URL and "
+            "Exit 0 only if a connection opens to a PostgreSQL host of DATABASE_URL and "
             "to a RabbitMQ node of AMQP_URL, and, when EXPIRY_HTTP_PORT is set, GET /readyz "
             "answers 200 (the container's HEALTHCHECK)."
         ),

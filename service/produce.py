@@ -102,7 +102,7 @@ async def scan(settings: Settings, *, stop: asyncio.Event | None = None) -> Scan
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as opened:
         # The broker first: if it is down, nothing is claimed and nothing recorded.
-        connection = await _connect_broker(settings, opened)
+        connection = await _connect_broker(settings, stop, opened)
         conn, exchange = await _unless_stopped(stop, _prepare(settings, connection, opened))
         result = await scan_pass(conn, exchange, settings, stop=stop)
     if result.stopped:
@@ -116,23 +116,11 @@ async def scan(settings: Settings, *, stop: asyncio.Event | None = None) -> Scan
 
 
 async def _connect_broker(
-    settings: Settings, opened: contextlib.AsyncExitStack
+    settings: Settings, stop: asyncio.Event, opened: contextlib.AsyncExitStack
 ) -> AbstractRobustConnection:
-    """Connect to the broker (the connection is closed with ``opened``).
-
-    The attempt is never cancelled, not even with the scan: a robust connection
-    cancelled while it connects would go on reconnecting for ever, and the
-    process could not exit. Each node's attempt ends within the publish timeout.
-    """
+    """Connect to the broker, unless stopped first (closed with ``opened``)."""
     name = f"expiry-produce {settings.worker_id}"
-    attempt = asyncio.ensure_future(broker.connect(settings, name=name))
-    try:
-        connection = await asyncio.shield(attempt)
-    except asyncio.CancelledError:
-        await asyncio.wait((attempt,))
-        if not attempt.cancelled() and attempt.exception() is None:
-            await attempt.result().close()
-        raise
+    connection = await _unless_stopped(stop, broker.connect(settings, name=name))
     opened.push_async_callback(connection.close)
     return connection
 

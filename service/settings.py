@@ -6,11 +6,15 @@ has the ``EXPIRY_`` prefix and a documented default (see README).
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from dotenv import dotenv_values
 from pydantic import (
     AliasChoices,
     Field,
@@ -21,10 +25,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.dsn import ENCODING_HINT, parse_dsn
 from service.errors import ConfigError
+from service.redaction import redact_url as redact_url  # re-exported: other modules import it
+from service.redaction import register_url_secrets
 
-_DB_SCHEMES = ("postgresql", "postgres")
 _AMQP_SCHEMES = ("amqp", "amqps")
+ENV_PREFIX = "EXPIRY_"
+ENV_FILE = ".env"
 
 
 def _default_worker_id() -> str:
@@ -35,8 +43,8 @@ class Settings(BaseSettings):
     """Every knob of the service; see the README's settings table."""
 
     model_config = SettingsConfigDict(
-        env_prefix="EXPIRY_",
-        env_file=".env",
+        env_prefix=ENV_PREFIX,
+        env_file=ENV_FILE,
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
@@ -93,16 +101,27 @@ class Settings(BaseSettings):
     # Test-only: makes a crash happen at a chosen point (see consume.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _remember_database_password(cls, value: object) -> object:
+        if isinstance(value, str):
+            register_url_secrets(value)
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str) -> str:
-        return _check_url(value, _DB_SCHEMES)
+        parse_dsn(value)  # raises DsnError, a ValueError that never quotes the URL
+        return value
 
     @field_validator("amqp_url", mode="before")
     @classmethod
     def _split_amqp_urls(cls, value: object) -> object:
         if isinstance(value, str):
+            register_url_secrets(value)
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, tuple | list):
+            register_url_secrets(",".join(str(url) for url in value))
         return value
 
     @field_validator("amqp_url")
@@ -110,7 +129,7 @@ class Settings(BaseSettings):
     def _check_amqp_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("must name at least one amqp:// URL")
-        return tuple(_check_url(url, _AMQP_SCHEMES) for url in value)
+        return tuple(_check_amqp_url(url) for url in value)
 
     @field_validator("retry_delays", mode="before")
     @classmethod
@@ -129,30 +148,31 @@ class Settings(BaseSettings):
         return value
 
 
-def _check_url(value: str, schemes: tuple[str, ...]) -> str:
+def _check_amqp_url(value: str) -> str:
+    """Refuse what aio-pika would misread; never quote the URL (it may hold a password)."""
     try:
         parts = urlsplit(value)
-        parts.port  # noqa: B018  (raises ValueError on a bad port)
-    except ValueError as exc:
-        raise ValueError(f"not a valid URL ({exc})") from None
-    if parts.scheme not in schemes:
-        raise ValueError(f"must start with {' or '.join(s + '://' for s in schemes)}")
+    except ValueError:
+        raise _invalid_url("it cannot be parsed") from None
+    if parts.scheme not in _AMQP_SCHEMES:
+        raise ValueError(f"must start with {' or '.join(s + '://' for s in _AMQP_SCHEMES)}")
+    if "#" in value:
+        raise _invalid_url("a raw #")
+    if "@" in parts.path + parts.query:
+        raise _invalid_url("a raw @ after the host part")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise _invalid_url("a port must be a number from 1 to 65535")
     if not parts.hostname:
         raise ValueError("has no host")
     return value
 
 
-def redact_url(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+def _invalid_url(what: str) -> ValueError:
+    return ValueError(f"not a valid URL: {what} ({ENCODING_HINT})")
 
 
 _ENV_NAMES = {
@@ -165,8 +185,54 @@ _ENV_NAMES = {
 }
 
 
+def _setting_names() -> list[str]:
+    """Every ``EXPIRY_*`` name that is a setting, then the names read without the prefix."""
+    prefixed = [
+        f"{ENV_PREFIX}{name.upper()}"
+        for name, field in Settings.model_fields.items()
+        if field.validation_alias is None
+    ]
+    return prefixed + sorted(set(_ENV_NAMES.values()) | {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"})
+
+
+def unknown_settings(names: Iterable[str]) -> list[str]:
+    """One line for each ``EXPIRY_*`` name (any case) that is not a setting, with a hint.
+
+    ``EXPIRY_DATABASE_URL`` and the like (which pydantic-settings would read as
+    undocumented aliases) count as unknown: they point to the documented name.
+    """
+    known = _setting_names()
+    problems = []
+    for name in sorted(set(names)):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
+            continue
+        hint = _closest(name.upper(), known)
+        problems.append(f"{name}: unknown setting" + (f" (did you mean {hint}?)" if hint else ""))
+    return problems
+
+
+def _closest(name: str, known: list[str]) -> str | None:
+    field = name.removeprefix(ENV_PREFIX).lower()
+    if field in _ENV_NAMES:
+        return _ENV_NAMES[field]
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
+
+
+def _environment_names() -> list[str]:
+    names = list(os.environ)
+    if Path(ENV_FILE).is_file():
+        names += [name for name in dotenv_values(ENV_FILE, encoding="utf-8") if name]
+    return names
+
+
 def load_settings() -> Settings:
-    """Read settings from the environment (and ``.env``), or raise ``ConfigError``."""
+    """Read settings from the environment (and ``.env``), or raise ``ConfigError``.
+
+    An ``EXPIRY_*`` variable that is no setting (a typo) is refused too.
+    """
+    if problems := unknown_settings(_environment_names()):
+        raise ConfigError("; ".join(problems))
     try:
         return Settings()
     except ValidationError as exc:

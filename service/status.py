@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractConnection
 from service import db
 from service.cli import run_command
 from service.metrics import Backlog
+from service.redaction import redact
 from service.settings import Settings
 from service.topology import build_topology
 
@@ -84,7 +85,15 @@ async def _connect_any(settings: Settings) -> AbstractConnection:
             return await aio_pika.connect(url, timeout=settings.publish_timeout_seconds)
         except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
             last = exc
-    raise ConnectionError(f"no node of AMQP_URL answers: {last!r}")
+    raise ConnectionError(f"no node of AMQP_URL answers: {describe(last)}")
+
+
+def describe(exc: BaseException | None) -> str:
+    """``Type: message`` of ``exc``, redacted (the broker's errors may quote a URL)."""
+    if exc is None:
+        return "no node given"
+    text = str(exc).strip()
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 async def read_status(settings: Settings) -> Status:
@@ -104,7 +113,7 @@ async def read_status(settings: Settings) -> Status:
     try:
         status.queues = await read_queues(settings)
     except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
-        status.broker_error = f"{type(exc).__name__}: {exc}"
+        status.broker_error = describe(exc)
     return status
 
 
@@ -145,7 +154,7 @@ def as_json(status: Status) -> dict[str, Any]:
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     status = await read_status(settings)
-    print(json.dumps(as_json(status), indent=2) if args.json else render(status))
+    print(redact(json.dumps(as_json(status), indent=2) if args.json else render(status)))
     if status.broker_error:
         return EXIT_BROKEN
     return 0 if status.objective_met else EXIT_OBJECTIVE_MISSED

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -33,28 +32,33 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
+from service import propagation
+from service.redaction import might_hold_secret
+from service.redaction import redact as redact  # re-exported: other modules import it from here
 from service.settings import Settings
 
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime", "taskName"}
 )
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]*@", re.I)
-
-
-def redact(text: str) -> str:
-    """Replace any password embedded in a URL within ``text`` with ``***``."""
-    return _URL_PASSWORD.sub(r"\g<scheme>\g<user>:***@", text)
 
 
 def _facts(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS}
 
 
-def _safe(text: str) -> str:
-    return redact(text) if "://" in text else text
+def _redacted(value: Any) -> Any:
+    """``value`` with every string in it (keys too, at any depth) redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {_redacted(key): _redacted(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redacted(item) for item in value]
+    return value
 
 
 _JSON = json.JSONEncoder(default=str)
+_REDACTING_JSON = json.JSONEncoder(default=lambda value: redact(str(value)))
 
 
 class JsonFormatter(logging.Formatter):
@@ -76,28 +80,33 @@ class JsonFormatter(logging.Formatter):
             "ts": f"{self._second_text}.{int(record.msecs):03d}+00:00",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": _safe(record.getMessage()),
+            "event": record.getMessage(),
         }
         for key, value in vars(record).items():
             if key not in _STANDARD_ATTRS:
                 entry[key] = value
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            entry["error"] = redact(f"{type(exc).__name__}: {exc}")
-        return _JSON.encode(entry)
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        line = _JSON.encode(entry)
+        # One cheap look at the whole line; the rare line that may hold a
+        # secret is built again from redacted values (objects as redacted str).
+        if might_hold_secret(line):
+            line = _REDACTING_JSON.encode(_redacted(entry))
+        return line
 
 
 class TextFormatter(logging.Formatter):
-    """``time level event key=value ...`` for a human at a terminal."""
+    """``time level event key=value ...`` for a human at a terminal (redacted as a whole)."""
 
     def format(self, record: logging.LogRecord) -> str:
         when = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S.%f")[:-3]
         facts = " ".join(f"{k}={v}" for k, v in _facts(record).items())
-        line = f"{when} {record.levelname.lower():7} {redact(record.getMessage())} {facts}"
+        line = f"{when} {record.levelname.lower():7} {record.getMessage()} {facts}"
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            line += redact(f" error={type(exc).__name__}: {exc}")
-        return line.rstrip()
+            line += f" error={type(exc).__name__}: {exc}"
+        return redact(line.rstrip())
 
 
 class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -200,6 +209,8 @@ def setup_tracing(
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    # Trace context is read from delivery headers anyone can forge (service/propagation.py).
+    propagation.install()
     instrument()
     return provider
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -15,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from service import produce, telemetry
+from service.domain import command_body
 from service.metrics import Metrics
 from tests.proxy import tcp_proxy
 from tests.support import (
@@ -22,6 +25,7 @@ from tests.support import (
     eventually,
     insert_holds,
     publish_raw,
+    queue_depth,
     running_consumer,
     stack_settings,
     statuses,
@@ -149,6 +153,41 @@ def _value(
         if all(attributes.get(k) == v for k, v in labels.items()):
             return value
     return None
+
+
+FORGED_TRACE_HEADERS: list[dict[str, Any]] = [
+    {"traceparent": 5},
+    {"traceparent": b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+    {"traceparent": {"nested": 1}, "tracestate": 7},
+    {"traceparent": ["00-x"], "baggage": 5},
+    {"baggage": [1, 2], "tracestate": None},
+    {"traceparent": "x" * 50000},
+]
+
+
+async def test_forged_trace_headers_cost_nothing_but_the_parent(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """Trace headers of any type, on commands and on poison, are read as no context: every
+    delivery is still handled and settled, each with its consumer span."""
+    spans.clear()
+    ids = await insert_holds(stack.database_url, len(FORGED_TRACE_HEADERS))
+    now = datetime.now(UTC)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        for rid, headers in zip(ids, FORGED_TRACE_HEADERS, strict=True):
+            await publish_raw(stack.amqp_url, [command_body(rid, now)], headers=headers)
+            await publish_raw(stack.amqp_url, [b"\x00poison"], headers=headers)
+        await eventually(lambda: _expired(stack, len(ids)))
+        await eventually(lambda: _depth_is(stack, "expirations.dead", len(ids)))
+        assert not task.done()
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    received = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert len([s for s in received if s.name.startswith("expirations ")]) >= 2 * len(ids)
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
 
 
 async def test_metrics_follow_a_small_run(stack: Stack) -> None:

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from service.errors import ConfigError
+from service.redaction import forget_secrets, redact
 from service.settings import load_settings, redact_url
 
 
 @pytest.fixture(autouse=True)
-def _no_service_urls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CI's DATABASE_URL and AMQP_URL must not change what defaults look like."""
+def _no_service_urls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CI's DATABASE_URL and AMQP_URL must not change what defaults look like;
+    passwords registered by one test are forgotten after it."""
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv("AMQP_URL", raising=False)
+    forget_secrets()
+    yield
+    forget_secrets()
 
 
 def test_defaults_follow_the_contract() -> None:
@@ -89,3 +96,108 @@ def test_config_error_never_shows_a_password(monkeypatch: pytest.MonkeyPatch) ->
 def test_redact_url(url: str, redacted: str) -> None:
     """Passwords in URLs are replaced; the rest is kept for diagnosis."""
     assert redact_url(url) == redacted
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("EXPIRY_PREFECH", "EXPIRY_PREFECH: unknown setting (did you mean EXPIRY_PREFETCH?)"),
+        ("expiry_prefech", "expiry_prefech: unknown setting (did you mean EXPIRY_PREFETCH?)"),
+        (
+            "EXPIRY_DATABASE_URL",
+            "EXPIRY_DATABASE_URL: unknown setting (did you mean DATABASE_URL?)",
+        ),
+        (
+            "EXPIRY_OTEL_ENDPOINT",
+            "EXPIRY_OTEL_ENDPOINT: unknown setting (did you mean OTEL_EXPORTER_OTLP_ENDPOINT?)",
+        ),
+        ("EXPIRY_ZZZ", "EXPIRY_ZZZ: unknown setting"),
+    ],
+)
+def test_an_unknown_expiry_variable_is_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, message: str
+) -> None:
+    """A typo in an EXPIRY_* name stops the command with one line naming it and a hint."""
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == message
+
+
+def test_an_unknown_expiry_variable_in_dotenv_is_refused(tmp_path: Path) -> None:
+    """The .env file is checked too; other names there are left alone."""
+    (tmp_path / ".env").write_text("RABBITMQ_MANAGEMENT_URL=http://h\nEXPIRY_BATCH_SIZ=3\n")
+    with pytest.raises(ConfigError, match=r"^EXPIRY_BATCH_SIZ: unknown setting \(did you mean"):
+        load_settings()
+
+
+def test_every_setting_name_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each documented EXPIRY_* name (any case) is accepted."""
+    monkeypatch.setenv("EXPIRY_LOCK_TIMEOUT_MS", "100")
+    monkeypatch.setenv("expiry_log_format", "text")
+    monkeypatch.setenv("EXPIRY_FAILPOINT", "")
+    settings = load_settings()
+    assert (settings.lock_timeout_ms, settings.log_format) == (100, "text")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@127.0.0.1:1,127.0.0.1:5432/db?target_session_attrs=read-write",
+        "postgresql://u@[::1]:5432/db",
+        "postgresql:///postgres?host=/var/run/postgresql&user=postgres",
+        "postgresql://%2Fvar%2Frun%2Fpostgresql/db",
+        "postgresql:///db",
+        "postgresql://user@/db",
+        "postgresql:///db?host=h1,h2&port=5432,5433&sslmode=prefer",
+    ],
+)
+def test_every_database_url_form_asyncpg_accepts_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Several hosts, IPv6, hosts in the query, socket directories and no host at all."""
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert load_settings().database_url == url
+
+
+PASSWORD = "p@ss:w/rd%#?"
+FRAGMENTS = ("Xq7", "Zk9", "appuser", "svcuser", "dbhost", "mqhost")
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("DATABASE_URL", "postgresql://appuser:Xq7@Zk9:w/r%#?@dbhost:5432/Xq7"),
+        ("DATABASE_URL", "postgresql://appuser:Xq7/Zk9@dbhost:5432/app"),
+        ("DATABASE_URL", "postgresql://appuser:12/Zk9@dbhost/app"),
+        ("DATABASE_URL", "postgresql://appuser:Xq7@Zk9@dbhost/app"),
+        ("DATABASE_URL", "postgresql://appuser:Xq7@dbhost/app?target_session_attrs=Zk9"),
+        ("DATABASE_URL", "postgresql://appuser:Xq7@dbhost:Zk9/app"),
+        ("AMQP_URL", "amqp://svcuser:Xq7@Zk9:w/r%#?@mqhost:5672/"),
+        ("AMQP_URL", "amqp://svcuser:Xq7/Zk9@mqhost:5672/"),
+        ("AMQP_URL", "amqp://svcuser:12/Zk9@mqhost:5672/"),
+        ("AMQP_URL", "amqp://svcuser:Xq7#Zk9@mqhost/"),
+        ("AMQP_URL", "http://svcuser:Xq7@mqhost/"),
+    ],
+)
+def test_a_bad_url_is_described_never_quoted(
+    monkeypatch: pytest.MonkeyPatch, name: str, url: str
+) -> None:
+    """A URL refused for any reason is named and explained; no part of it is echoed."""
+    monkeypatch.setenv(name, url)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith(f"{name}: ")
+    assert "\n" not in message
+    for fragment in FRAGMENTS:
+        assert fragment not in message
+
+
+def test_loaded_passwords_are_redacted_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the settings are read, their passwords leave no text, in any form."""
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://app:{quote(PASSWORD, safe='')}@db/app")
+    monkeypatch.setenv("AMQP_URL", "amqp://svc:hunter2@n1/,amqp://svc:hunter2@n2/")
+    load_settings()
+    text = redact(f"auth failed: {PASSWORD} / {quote(PASSWORD, safe='')} / hunter2")
+    assert text == "auth failed: *** / *** / ***"

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
 
+import pytest
+
+from service.redaction import forget_secrets, register_url_secrets
 from service.telemetry import JsonFormatter, TextFormatter, redact
 
 
-def _record(msg: str, **facts: object) -> logging.LogRecord:
-    record = logging.LogRecord("service.x", logging.INFO, __file__, 1, msg, (), None)
+def _record(msg: str, *args: object, **facts: object) -> logging.LogRecord:
+    record = logging.LogRecord("service.x", logging.INFO, __file__, 1, msg, args, None)
     for key, value in facts.items():
         setattr(record, key, value)
     return record
@@ -31,3 +37,75 @@ def test_passwords_in_urls_are_redacted_everywhere() -> None:
         redact("postgresql://a:b@h/db and amqp://c:d@e/")
         == "postgresql://a:***@h/db and amqp://c:***@e/"
     )
+
+
+@pytest.fixture
+def known_secret() -> Iterator[str]:
+    """A password registered as the settings register it; forgotten afterwards."""
+    forget_secrets()
+    register_url_secrets("postgresql://app:pa%40ss%2Fw0rd@db/app")
+    yield "pa@ss/w0rd"
+    forget_secrets()
+
+
+def _failing_record(msg: str, exc: BaseException, **facts: object) -> logging.LogRecord:
+    record = _record(msg, **facts)
+    record.exc_info = (type(exc), exc, None)
+    return record
+
+
+PASSWORD = "p@ss:w/rd%#?"
+URL = f"amqp://svc:{PASSWORD}@rabbit:5672/prod"
+ENCODED_URL = f"amqp://svc:{quote(PASSWORD, safe='')}@rabbit:5672/prod"
+
+
+class _Node:
+    def __str__(self) -> str:
+        return ENCODED_URL
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
+@pytest.mark.parametrize(
+    "record",
+    [
+        _record(f"cannot reach {URL}"),
+        _record("cannot reach %s", ENCODED_URL),
+        _record("broker.unreachable", url=URL, error=f"refused by {ENCODED_URL}"),
+        _record("broker.unreachable", nodes=[URL, {"url": ENCODED_URL}]),
+        _record("broker.unreachable", node=_Node()),
+        _failing_record("broker.failed", ConnectionError(f"cannot reach {URL}")),
+    ],
+    ids=["event", "event-args", "fact", "nested-fact", "object-fact", "exception"],
+)
+def test_no_password_in_any_part_of_a_line(
+    formatter: logging.Formatter, record: logging.LogRecord
+) -> None:
+    """The event, every fact (nested, objects) and the exception are redacted, in both formats."""
+    line = formatter.format(record)
+    for form in (PASSWORD, quote(PASSWORD, safe=""), "p@ss", "w/rd"):
+        assert form not in line
+    assert "svc:***@rabbit:5672/prod" in line
+    if isinstance(formatter, JsonFormatter):
+        json.loads(line)
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
+def test_a_known_secret_goes_even_outside_a_url(
+    formatter: logging.Formatter, known_secret: str
+) -> None:
+    """A registered password is removed wherever it shows, not only inside URLs."""
+    record = _failing_record(
+        "db.failed", ValueError(f"bad {known_secret}"), reason=f"said {known_secret}"
+    )
+    line = formatter.format(record)
+    assert known_secret not in line
+    assert "said ***" in line
+    assert "bad ***" in line
+
+
+def test_a_line_without_secrets_is_unchanged(known_secret: str) -> None:
+    """The fast path leaves an ordinary line as it was (a uuid fact as its text)."""
+    rid = uuid.uuid4()
+    line = JsonFormatter().format(_record("expiry.outcome", reservation_id=rid, outcome="expired"))
+    entry = json.loads(line)
+    assert (entry["reservation_id"], entry["outcome"]) == (str(rid), "expired")
