@@ -9,6 +9,7 @@ served for Prometheus on ``EXPIRY_HTTP_PORT`` and/or pushed by OTLP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -121,6 +122,15 @@ class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._lines: list[str] = []
         self._scheduled = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A line that could not be formatted or written: one redacted line saying so,
+        never the record's raw arguments (logging's default prints them)."""
+        event = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        error = sys.exc_info()[1]
+        reason = type(error).__name__ if error is not None else "unknown"
+        with contextlib.suppress(Exception):
+            sys.stderr.write(redact(f"log line lost: {event[:100]} ({reason})") + "\n")
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

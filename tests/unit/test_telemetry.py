@@ -109,3 +109,21 @@ def test_a_line_without_secrets_is_unchanged(known_secret: str) -> None:
     line = JsonFormatter().format(_record("expiry.outcome", reservation_id=rid, outcome="expired"))
     entry = json.loads(line)
     assert (entry["reservation_id"], entry["outcome"]) == (str(rid), "expired")
+
+
+def test_a_line_that_cannot_be_formatted_leaks_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """A log call with bad arguments writes one line naming the event, never the arguments."""
+    import logging
+
+    from service.telemetry import setup_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    setup_logging("INFO", "json")
+    try:
+        logging.getLogger("test").info("bad.%s %s", "amqp://u:secretpassword@host/")
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+    err = capsys.readouterr().err
+    assert "log line lost: bad.%s %s (TypeError)" in err
+    assert "secretpassword" not in err
