@@ -32,6 +32,7 @@ from service.redaction import register_url_secrets
 
 _AMQP_SCHEMES = ("amqp", "amqps")
 ENV_PREFIX = "EXPIRY_"
+OPERATOR_LIMIT = 64
 ENV_FILE = ".env"
 
 
@@ -98,6 +99,12 @@ class Settings(BaseSettings):
     otel_sdk_disabled: bool = Field(
         default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
     )
+    # The RabbitMQ management API, where the running processes read the queues'
+    # arguments to check them (they may not declare); default: beside the first
+    # node of AMQP_URL, port 15672, with its credentials.
+    management_url: str | None = None
+    # Who may replay dead letters (--operator must be one of them); empty: nobody.
+    replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
     # Test-only: makes a crash happen at a chosen point (see consume.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
@@ -130,6 +137,31 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("must name at least one amqp:// URL")
         return tuple(_check_amqp_url(url) for url in value)
+
+    @field_validator("management_url", mode="before")
+    @classmethod
+    def _check_management_url(cls, value: object) -> object:
+        if isinstance(value, str):
+            register_url_secrets(value)
+            if urlsplit(value.strip()).scheme not in ("http", "https") or not value.strip():
+                raise ValueError("must be an http:// or https:// URL")
+            return value.strip()
+        return value
+
+    @field_validator("replay_operators", mode="before")
+    @classmethod
+    def _split_operators(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("replay_operators")
+    @classmethod
+    def _check_operators(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if len(name) > OPERATOR_LIMIT or not name.isprintable():
+                raise ValueError(f"each name must be printable and at most {OPERATOR_LIMIT} long")
+        return value
 
     @field_validator("retry_delays", mode="before")
     @classmethod
