@@ -368,12 +368,14 @@ SELECT from_status, to_status, at, message_id, attempt, worker
 """
 
 REPLAYS_OF = """
-SELECT operator, at, outcome, detail FROM dead_letter_replays WHERE dead_letter_id = $1 ORDER BY id
+SELECT operator, at, outcome, detail, db_user, os_user, client_host
+  FROM dead_letter_replays WHERE dead_letter_id = $1 ORDER BY id
 """
 
 RECORD_REPLAY = """
-INSERT INTO dead_letter_replays (dead_letter_id, message_id, operator, outcome, detail)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO dead_letter_replays
+       (dead_letter_id, message_id, operator, outcome, detail, os_user, client_host)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 """
 
 MARK_REPLAYED = "UPDATE dead_letters SET status = 'replayed', updated_at = now() WHERE id = $1"
@@ -430,18 +432,36 @@ async def replays_of(conn: Connection, dead_letter_id: int) -> list[asyncpg.Reco
     return await conn.fetch(REPLAYS_OF, dead_letter_id)
 
 
+@dataclass(frozen=True)
+class Actor:
+    """Who acts, beyond the database user (which the database records itself)."""
+
+    operator: str
+    os_user: str
+    host: str
+
+
 async def record_replay(
     conn: Connection,
     dead_letter_id: int,
     message_id: str,
     *,
-    operator: str,
+    actor: Actor,
     outcome: str,
     detail: str,
 ) -> None:
-    """Audit one replay attempt; mark the record replayed when it was republished."""
+    """Audit one replay attempt (or refusal); mark the record replayed when republished."""
     async with conn.transaction():
-        await conn.execute(RECORD_REPLAY, dead_letter_id, message_id, operator, outcome, detail)
+        await conn.execute(
+            RECORD_REPLAY,
+            dead_letter_id,
+            message_id,
+            actor.operator,
+            outcome,
+            detail,
+            actor.os_user,
+            actor.host,
+        )
         if outcome == "republished":
             await conn.execute(MARK_REPLAYED, dead_letter_id)
 

@@ -11,9 +11,14 @@ consumed or expired is harmless: the guarded update makes it a no-op.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import getpass
 import json
 import logging
+import os
 import re
+import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +33,7 @@ from service.errors import PublishNotConfirmed, UsageError
 from service.inputs import clean_text
 from service.records import REPLAYED_BY_HEADER, stable_message_id
 from service.returns import give_back
-from service.settings import Settings
+from service.settings import OPERATOR_LIMIT, Settings
 from service.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE, ROUTING_KEY
 
 log = logging.getLogger("service.deadletters")
@@ -137,7 +142,8 @@ async def show_command(settings: Settings, args: argparse.Namespace) -> int:
         else "  none"
     )
     print("\nreplays:")
-    print(render_table(replays, ("at", "operator", "outcome", "detail")) if replays else "  none")
+    columns = ("at", "operator", "db_user", "os_user", "client_host", "outcome", "detail")
+    print(render_table(replays, columns) if replays else "  none")
     return 0
 
 
@@ -185,8 +191,7 @@ async def _expectation(conn: db.Connection, row: asyncpg.Record) -> str:
 
 
 async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
-    if not args.operator or not args.operator.strip():
-        raise UsageError("replay needs --operator NAME: every replay is audited with who did it")
+    actor = _actor(args)
     conn = await db.connect(settings, application_name="expiry-deadletters")
     try:
         rows = await _select(conn, args)
@@ -197,9 +202,67 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
                 for r in rows
             ]
         else:
-            results = await _replay(settings, conn, rows, args.operator.strip(), expectations)
+            await _authorise(settings, conn, args, actor, rows)
+            results = await _replay(settings, conn, rows, actor, expectations)
     finally:
         await conn.close()
+    return _report(results, dry_run=args.dry_run)
+
+
+def _actor(args: argparse.Namespace) -> db.Actor:
+    """Who replays: the ``--operator`` name, the OS user and this host."""
+    operator = clean_text((args.operator or "").strip(), OPERATOR_LIMIT)
+    if not operator:
+        raise UsageError("replay needs --operator NAME: every replay is audited with who did it")
+    return db.Actor(operator, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return f"uid {os.getuid()}"
+
+
+async def _authorise(
+    settings: Settings,
+    conn: db.Connection,
+    args: argparse.Namespace,
+    actor: db.Actor,
+    rows: list[asyncpg.Record],
+) -> None:
+    """Refuse (audited, for every selected dead letter) a replay not allowed or not confirmed."""
+    why = _refusal(settings, actor) or await _unconfirmed(args, actor, len(rows))
+    if why is None:
+        return
+    for row in rows:
+        await db.record_replay(
+            conn, row["id"], row["message_id"], actor=actor, outcome="refused", detail=why
+        )
+    log.warning("deadletter.replay_refused", extra={"operator": actor.operator, "reason": why})
+    raise UsageError(why)
+
+
+def _refusal(settings: Settings, actor: db.Actor) -> str | None:
+    if not settings.replay_operators:
+        return "nobody may replay: EXPIRY_REPLAY_OPERATORS names no operator"
+    if actor.operator not in settings.replay_operators:
+        return f"{actor.operator!r} may not replay (not in EXPIRY_REPLAY_OPERATORS)"
+    return None
+
+
+async def _unconfirmed(args: argparse.Namespace, actor: db.Actor, count: int) -> str | None:
+    """``--all`` replays many at once: confirmed at a terminal, or by ``--yes``."""
+    if not args.all or args.yes:
+        return None
+    if not sys.stdin.isatty():
+        return "replay --all needs --yes when it is not run at a terminal"
+    question = f"replay {count} dead letter(s) as {actor.operator}? [y/N] "
+    answer = await asyncio.to_thread(input, question)
+    return None if answer.strip().lower() in ("y", "yes") else "not confirmed at the terminal"
+
+
+def _report(results: list[ReplayResult], *, dry_run: bool) -> int:
     for result in results:
         print(
             f"{result.outcome:16} #{result.record_id}  {_cell(result.message_id)}  "
@@ -208,7 +271,7 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     failed = sum(r.outcome == "publish-failed" for r in results)
     counts = {o: sum(r.outcome == o for r in results) for o in sorted({r.outcome for r in results})}
     print(
-        f"replay{' (dry run)' if args.dry_run else ''}: {len(results)} selected, "
+        f"replay{' (dry run)' if dry_run else ''}: {len(results)} selected, "
         + ", ".join(f"{n} {o}" for o, n in counts.items())
     )
     return 1 if failed else 0
@@ -218,18 +281,18 @@ async def _replay(
     settings: Settings,
     conn: db.Connection,
     rows: list[asyncpg.Record],
-    operator: str,
+    actor: db.Actor,
     expectations: dict[int, str],
 ) -> list[ReplayResult]:
     wanted = {row["message_id"]: row for row in rows}
-    connection = await broker.connect(settings, name=f"expiry-deadletters {operator}")
+    connection = await broker.connect(settings, name=f"expiry-deadletters {actor.operator}")
     try:
         publish_channel = await broker.open_confirm_channel(connection)
         exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
         dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
         get_channel = await connection.channel(publisher_confirms=False)
         dead = await get_channel.get_queue(DEAD_QUEUE, ensure=True)
-        replayer = Replayer(settings, conn, exchange, dead_exchange, operator, expectations)
+        replayer = Replayer(settings, conn, exchange, dead_exchange, actor, expectations)
         results = await replayer.from_queue(dead, wanted)
         found = {result.record_id for result in results}
         for row in rows:
@@ -249,14 +312,14 @@ class Replayer:
         conn: db.Connection,
         exchange: AbstractExchange,
         dead_exchange: AbstractExchange,
-        operator: str,
+        actor: db.Actor,
         expectations: dict[int, str],
     ) -> None:
         self.settings = settings
         self.conn = conn
         self.exchange = exchange
         self.dead_exchange = dead_exchange
-        self.operator = operator
+        self.actor = actor
         self.expectations = expectations
 
     async def from_queue(
@@ -304,7 +367,7 @@ class Replayer:
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=row["message_id"],
             type="expire",
-            headers={REPLAYED_BY_HEADER: self.operator},
+            headers={REPLAYED_BY_HEADER: self.actor.operator},
         )
         try:
             await broker.publish_confirmed(
@@ -334,13 +397,17 @@ class Replayer:
             self.conn,
             row["id"],
             row["message_id"],
-            operator=self.operator,
+            actor=self.actor,
             outcome=outcome,
             detail=detail,
         )
         log.info(
             "deadletter.replay",
-            extra={"message_id": row["message_id"], "operator": self.operator, "outcome": outcome},
+            extra={
+                "message_id": row["message_id"],
+                "operator": self.actor.operator,
+                "outcome": outcome,
+            },
         )
         return ReplayResult(row["id"], row["message_id"], outcome, detail)
 
@@ -385,9 +452,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="every open dead letter (filter with --error-class)"
     )
     replayer.add_argument("--error-class", help="with --all: only this class")
-    replayer.add_argument("--operator", help="who is replaying (required; recorded in the audit)")
+    replayer.add_argument(
+        "--operator",
+        help="who is replaying (required; must be in EXPIRY_REPLAY_OPERATORS; audited with "
+        "the database user, the OS user and the host)",
+    )
     replayer.add_argument(
         "--dry-run", action="store_true", help="show what would happen, change nothing"
+    )
+    replayer.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --all: replay without asking (needed when not run at a terminal)",
     )
     replayer.add_argument("--limit", type=int, default=1000, help="with --all: at most this many")
     return parser

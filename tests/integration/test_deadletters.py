@@ -30,11 +30,15 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def deadletters(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m service.deadletters`` against the test's stack."""
+OPERATORS = "alice,bob,carol"
+
+
+def deadletters(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m service.deadletters`` against the test's stack (alice, bob and carol
+    may replay, unless ``env`` says otherwise)."""
     return subprocess.run(
         [sys.executable, "-m", "service.deadletters", *args],
-        env=stack.env(),
+        env=stack.env(**{"EXPIRY_REPLAY_OPERATORS": OPERATORS, **env}),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -156,7 +160,7 @@ async def test_replaying_a_hold_consumed_meanwhile_is_harmless(stack: Stack) -> 
         await conn.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", rid)
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        replay = deadletters(stack, "replay", "--all", "--operator", "bob")
+        replay = deadletters(stack, "replay", "--all", "--yes", "--operator", "bob")
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert "harmless no-op" in replay.stdout
         await eventually(lambda: _depth_is(stack, "expirations", 0))
@@ -182,9 +186,55 @@ async def test_replay_rebuilds_a_command_missing_from_the_dead_queue(stack: Stac
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
         replay = deadletters(
-            stack, "replay", "--all", "--error-class", "db.unavailable", "--operator", "carol"
+            stack,
+            "replay",
+            "--all",
+            "--yes",
+            "--error-class",
+            "db.unavailable",
+            "--operator",
+            "carol",
         )
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert "rebuilt from the record" in replay.stdout
         await eventually(lambda: _expired(stack, 1))
     assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+
+
+async def test_only_a_named_operator_replays_and_every_refusal_is_audited(stack: Stack) -> None:
+    """An operator not in EXPIRY_REPLAY_OPERATORS, or none configured, or --all without --yes
+    off a terminal: refused (exit 2), nothing republished, each refusal audited with the
+    database user, the OS user and the host, like the replay that is then allowed."""
+    await _dead_letter_one_exhausted_and_one_poison(stack)
+    stranger = deadletters(stack, "replay", "junk-1", "--operator", "mallory")
+    assert stranger.returncode == 2
+    assert "'mallory' may not replay" in stranger.stderr
+    nobody = deadletters(
+        stack, "replay", "junk-1", "--operator", "alice", EXPIRY_REPLAY_OPERATORS=""
+    )
+    assert nobody.returncode == 2
+    assert "nobody may replay" in nobody.stderr
+    unconfirmed = deadletters(stack, "replay", "--all", "--operator", "alice")
+    assert unconfirmed.returncode == 2
+    assert "--yes" in unconfirmed.stderr
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 2
+    allowed = deadletters(stack, "replay", "junk-1", "--operator", "alice")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch(
+            "SELECT operator, outcome, db_user, os_user, client_host FROM dead_letter_replays "
+            "ORDER BY id"
+        )
+    outcomes = [(a["operator"], a["outcome"]) for a in audit]
+    assert outcomes == [
+        ("mallory", "refused"),
+        ("alice", "refused"),
+        ("alice", "refused"),
+        ("alice", "refused"),  # --all selected both dead letters
+        ("alice", "republished"),
+    ]
+    assert {a["db_user"] for a in audit} == {"postgres"}
+    assert all(a["os_user"] and a["client_host"] for a in audit)
+    shown = deadletters(stack, "show", "junk-1")
+    assert "mallory" in shown.stdout
+    assert "refused" in shown.stdout

@@ -305,9 +305,10 @@ async def test_hostile_messages_in_the_dead_queue_survive_a_replay(stack: Stack)
 
 async def _replay(stack: Stack, key: str) -> int:
     args = argparse.Namespace(
-        id=key, all=False, error_class=None, operator="test", dry_run=False, limit=10
+        id=key, all=False, error_class=None, operator="test", dry_run=False, limit=10, yes=False
     )
-    return await deadletters.replay_command(stack.settings, args)
+    settings = stack.settings.model_copy(update={"replay_operators": ("test",)})
+    return await deadletters.replay_command(settings, args)
 
 
 async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(

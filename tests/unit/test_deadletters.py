@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from datetime import UTC, datetime
 
+import pytest
+
+from service import db, deadletters
 from service.deadletters import render_table
+from service.settings import Settings
 
 
 def test_control_characters_never_reach_the_terminal() -> None:
@@ -22,3 +28,44 @@ def test_control_characters_never_reach_the_terminal() -> None:
     assert len(table.splitlines()) == 2
     assert "evil?[2J?]0;title????next" in table
     assert "2026-12-01T00:00:00+00:00" in table
+
+
+@pytest.mark.parametrize(
+    ("tty", "yes", "answer", "refused"),
+    [
+        (False, False, None, "replay --all needs --yes when it is not run at a terminal"),
+        (False, True, None, None),
+        (True, False, "y", None),
+        (True, False, "YES ", None),
+        (True, False, "", "not confirmed at the terminal"),
+        (True, False, "n", "not confirmed at the terminal"),
+    ],
+)
+async def test_replay_all_is_confirmed_at_a_terminal_or_by_yes(
+    monkeypatch: pytest.MonkeyPatch, tty: bool, yes: bool, answer: str | None, refused: str | None
+) -> None:
+    """--all asks at a terminal (only 'y' or 'yes' goes on); elsewhere it needs --yes."""
+    asked: list[str] = []
+
+    def fake_input(question: str) -> str:
+        asked.append(question)
+        assert answer is not None
+        return answer
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: tty)
+    monkeypatch.setattr("builtins.input", fake_input)
+    args = argparse.Namespace(all=True, yes=yes)
+    actor = db.Actor("alice", "root", "host")
+    assert await deadletters._unconfirmed(args, actor, 3) == refused
+    assert asked == (["replay 3 dead letter(s) as alice? [y/N] "] if answer is not None else [])
+
+
+def test_only_listed_operators_may_replay() -> None:
+    """No list refuses everyone; a list refuses anyone not on it."""
+    actor = db.Actor("mallory", "root", "host")
+    assert "nobody may replay" in str(deadletters._refusal(Settings(), actor))
+    allowed = Settings(replay_operators=("alice", "mallory"))
+    assert deadletters._refusal(allowed, actor) is None
+    assert "may not replay" in str(
+        deadletters._refusal(Settings(replay_operators=("alice",)), actor)
+    )
