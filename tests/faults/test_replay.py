@@ -71,9 +71,20 @@ async def wait_for_records(world: World, count: int) -> list[str]:
 
 async def replay(world: World, *args: str, amqp_url: str | None = None) -> ServiceProcess:
     """Start ``python -m service.deadletters replay ... --operator``."""
-    env = world.env(EXPIRY_WORKER_ID="replay", **({"AMQP_URL": amqp_url} if amqp_url else {}))
+    env = world.env(
+        EXPIRY_WORKER_ID="replay",
+        EXPIRY_REPLAY_OPERATORS=OPERATOR,
+        **({"AMQP_URL": amqp_url} if amqp_url else {}),
+    )
     return await world.fleet.start(
-        "service.deadletters", "replay", *args, "--operator", OPERATOR, name="replay", env=env
+        "service.deadletters",
+        "replay",
+        *args,
+        "--yes",
+        "--operator",
+        OPERATOR,
+        name="replay",
+        env=env,
     )
 
 
