@@ -1,4 +1,8 @@
-"""The benchmark's own look at its vhost: the topology, consumer counts, depths, purges."""
+"""The benchmark's own look at its vhost: consumer counts, depths, purges.
+
+The topology itself is declared by ``python -m service.declare``, run as the
+deploy runs it, before any scan or consumer starts.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,6 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from bench.raw import RAW_EXCHANGE, RAW_QUEUE
-from service.settings import Settings
-from service.topology import build_topology, declare_topology
 
 
 class Probe:
@@ -21,11 +23,6 @@ class Probe:
         if self._channel is None or self._channel.is_closed:
             self._channel = await self.connection.channel()
         return self._channel
-
-    async def declare_service_topology(self) -> None:
-        """Declare what the service declares (its default retry tiers), so probes always work."""
-        retry_delays = Settings.model_fields["retry_delays"].default
-        await declare_topology(await self.channel(), build_topology(retry_delays))
 
     async def counts(self, queue: str) -> tuple[int, int]:
         """(ready messages, consumers) of ``queue``; (0, 0) if it does not exist."""

@@ -196,24 +196,26 @@ def local_servers(sandbox: Sandbox) -> cpu.Servers:
 async def measured(
     options: Options, sandbox: Sandbox, logs: Path
 ) -> tuple[Machine, report.Results]:
-    """Create the sandbox, migrate it, measure; stop every process and remove the sandbox."""
+    """Create the sandbox, migrate it and declare its topology (as a deploy does), measure;
+    stop every process and remove the sandbox."""
     env = child_env(
         os.environ,
         database_url=sandbox.database_url,
         amqp_url=sandbox.amqp_url,
+        management_url=sandbox.endpoints.management_url,
         overrides=options.overrides,
     )
     procs = Processes(env, logs)
     async with created(sandbox, say):
         try:
             await procs.run("000-migrate", "service.migrate", timeout=120)
+            await procs.run("001-declare", "service.declare", timeout=120)
             conn = await asyncpg.connect(sandbox.database_url)
             connection = await aio_pika.connect(sandbox.amqp_url)
             try:
                 machine = await describe(conn, sandbox.management)
                 introduce(options, sandbox, machine, logs)
                 probe = Probe(connection)
-                await probe.declare_service_topology()
                 servers = local_servers(sandbox)
                 bench = Bench(options, conn, probe, procs, sandbox.amqp_url, servers, say)
                 return machine, await run.measure(bench, options, say)

@@ -21,20 +21,14 @@ from service import broker, db, telemetry
 from service.acks import Acker
 from service.batch import Batcher
 from service.cli import run_command
+from service.declare import check_topology
 from service.errors import classify
 from service.handler import Consumer
 from service.health import HealthServer
 from service.metrics import Metrics
 from service.recorder import RECORDER_PREFETCH, Recorder
 from service.settings import Settings
-from service.topology import (
-    DEAD_EXCHANGE,
-    DEAD_LOG_QUEUE,
-    QUEUE,
-    RETRY_EXCHANGE,
-    build_topology,
-    declare_topology,
-)
+from service.topology import DEAD_EXCHANGE, DEAD_LOG_QUEUE, QUEUE, RETRY_EXCHANGE
 
 log = logging.getLogger("service.consume")
 
@@ -77,9 +71,11 @@ async def _consume(
     metrics: Metrics,
     backlog_every: float | None,
 ) -> None:
+    # The consumer declares nothing (it may not configure): it checks the topology,
+    # and takes its queues with passive declares, which a reconnect repeats.
+    await check_topology(connection, settings)
     consume_channel: AbstractChannel = await connection.channel(publisher_confirms=False)
     await consume_channel.set_qos(prefetch_count=settings.prefetch)
-    declared = await declare_topology(consume_channel, build_topology(settings.retry_delays))
     publish_channel = await broker.open_confirm_channel(connection)
     record_channel = await connection.channel(publisher_confirms=False)
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
@@ -110,8 +106,8 @@ async def _consume(
     recorder = Recorder(
         pool, in_flight, dead_exchange, publish_timeout=settings.publish_timeout_seconds
     )
-    work = declared.queues[QUEUE]
-    dead_log = await record_channel.get_queue(DEAD_LOG_QUEUE, ensure=False)
+    work = await consume_channel.declare_queue(QUEUE, passive=True)
+    dead_log = await record_channel.declare_queue(DEAD_LOG_QUEUE, passive=True)
     consumers = [
         (work, await work.consume(consumer.on_message)),
         (dead_log, await dead_log.consume(recorder.on_message)),

@@ -4,7 +4,8 @@ Where PostgreSQL and RabbitMQ already run, the demo creates its own database
 (``CREATE DATABASE`` on the server of ``DATABASE_URL``) and its own vhost
 (through the management API beside ``AMQP_URL``, or ``RABBITMQ_MANAGEMENT_URL``),
 so it never touches anyone's data. In them it runs the real commands:
-``service.migrate``, several ``service.consume`` and ``service.produce --every``.
+``service.migrate``, then declares the topology as ``service.declare`` does (the
+deploy's step), then several ``service.consume`` and ``service.produce --every``.
 It places a few thousand holds due over the next few seconds, and a support
 side consumes some of them right at their deadline, racing the service with the
 same guarded update other systems use. It shows live progress, stops everything
@@ -49,6 +50,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import db
 from service.cli import run_command
+from service.declare import declare
 from service.dsn import with_database
 from service.settings import Settings, redact_url
 from service.topology import DEAD_QUEUE, QUEUE, retry_queue
@@ -143,6 +145,7 @@ class Sandbox:
     database_url: str
     amqp_urls: tuple[str, ...]
     management: Management
+    management_url: str  # where the children check the topology's arguments
 
     @property
     def amqp_user(self) -> str:
@@ -151,12 +154,14 @@ class Sandbox:
 
 def sandbox_for(settings: Settings, name: str, management_url: str | None) -> Sandbox:
     """The sandbox called ``name`` on the servers that the settings name."""
+    url = management_url or management_url_for(settings.amqp_url[0])
     return Sandbox(
         name=name,
         admin_database_url=settings.database_url,
         database_url=with_database(settings.database_url, name),
-        amqp_urls=tuple(_with_path(url, name) for url in settings.amqp_url),
-        management=Management(management_url or management_url_for(settings.amqp_url[0])),
+        amqp_urls=tuple(_with_path(u, name) for u in settings.amqp_url),
+        management=Management(url),
+        management_url=settings.management_url or url,
     )
 
 
@@ -217,6 +222,7 @@ class Children:
         env.update(
             DATABASE_URL=self.sandbox.database_url,
             AMQP_URL=",".join(self.sandbox.amqp_urls),
+            EXPIRY_MANAGEMENT_URL=self.sandbox.management_url,
             EXPIRY_LOG_FORMAT="json",  # the summary counts outcomes from these lines
             EXPIRY_HTTP_PORT="0",  # several consumers on one host: no port to share
             PYTHONUNBUFFERED="1",
@@ -664,8 +670,9 @@ class Run:
     async def __call__(self) -> Report:
         started = time.monotonic()
         children = Children(self.sandbox, self.logs)
-        say("[1/5] migrate (python -m service.migrate)")
+        say("[1/5] migrate (python -m service.migrate), declare the topology (service.declare)")
         await children.run("migrate", "service.migrate")
+        await declare(self.settings.model_copy(update={"amqp_url": self.sandbox.amqp_urls}))
         connection = await aio_pika.connect(self.sandbox.amqp_urls[0])
         conn = await asyncpg.connect(self.sandbox.database_url)
         try:

@@ -29,10 +29,11 @@ from aio_pika.abc import AbstractExchange, AbstractRobustConnection, DeliveryMod
 
 from service import broker, db, telemetry
 from service.cli import positive_seconds, run_command
+from service.declare import check_topology
 from service.domain import command_body, message_id
-from service.errors import PublishNotConfirmed, ServiceError
+from service.errors import PublishNotConfirmed, ServiceError, TopologyMismatch
 from service.settings import Settings
-from service.topology import EXCHANGE, ROUTING_KEY, build_topology, declare_topology
+from service.topology import EXCHANGE, ROUTING_KEY
 
 log = logging.getLogger("service.produce")
 
@@ -93,17 +94,21 @@ def build_command(hold: db.DueHold) -> aio_pika.Message:
     )
 
 
-async def scan(settings: Settings, *, stop: asyncio.Event | None = None) -> ScanResult:
+async def scan(
+    settings: Settings, *, stop: asyncio.Event | None = None, check: bool = True
+) -> ScanResult:
     """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed.
 
     Once ``stop`` is set the scan claims and publishes nothing more (while it is
     still connecting it gives up as soon as it can) and raises ``ScanStopped``.
+    With ``check`` it first checks the topology (``TopologyMismatch`` if it differs).
     """
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as opened:
         # The broker first: if it is down, nothing is claimed and nothing recorded.
         connection = await _connect_broker(settings, stop, opened)
-        conn, exchange = await _unless_stopped(stop, _prepare(settings, connection, opened))
+        prepared = _prepare(settings, connection, opened, check=check)
+        conn, exchange = await _unless_stopped(stop, prepared)
         result = await scan_pass(conn, exchange, settings, stop=stop)
     if result.stopped:
         raise ScanStopped(result)
@@ -126,14 +131,21 @@ async def _connect_broker(
 
 
 async def _prepare(
-    settings: Settings, connection: AbstractRobustConnection, opened: contextlib.AsyncExitStack
+    settings: Settings,
+    connection: AbstractRobustConnection,
+    opened: contextlib.AsyncExitStack,
+    *,
+    check: bool,
 ) -> tuple[db.Connection, AbstractExchange]:
-    """Declare the topology and connect to the database (closed with ``opened``)."""
+    """Check the topology (it declares nothing) and connect to the database (closed with
+    ``opened``)."""
+    if check:
+        await check_topology(connection, settings)
     channel = await broker.open_confirm_channel(connection)
-    declared = await declare_topology(channel, build_topology(settings.retry_delays))
+    exchange = await channel.get_exchange(EXCHANGE, ensure=False)
     conn = await db.connect(settings, application_name="expiry-produce")
     opened.push_async_callback(conn.close)
-    return conn, declared.exchanges[EXCHANGE]
+    return conn, exchange
 
 
 async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T:
@@ -292,9 +304,11 @@ async def publish_batch(
     return confirmed
 
 
-async def _scan_and_report(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+async def _scan_and_report(
+    settings: Settings, *, stop: asyncio.Event | None = None, check: bool = True
+) -> None:
     started = time.monotonic()
-    result = await scan(settings, stop=stop)
+    result = await scan(settings, stop=stop, check=check)
     elapsed = time.monotonic() - started
     print(
         f"scan: published {result.published} command(s) in {result.batches} batch(es), "
@@ -307,14 +321,17 @@ async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -
     """Start a scan every ``interval`` seconds (start to start) until ``stop``.
 
     A pass that takes longer than ``interval`` is followed by the next at once
-    (no burst to catch up); a failed scan is logged, not fatal; ``stop`` also
-    stops the pass under way (see ``scan``).
+    (no burst to catch up); a failed scan is logged, not fatal, except a topology
+    that differs (``TopologyMismatch``), which stops it: the topology is checked
+    until one pass got past the check, then no more; ``stop`` also stops the pass
+    under way (see ``scan``).
     """
     loop = asyncio.get_running_loop()
     next_start = loop.time()
+    checked = False
     while not stop.is_set():
         next_start += interval
-        await _pass_on_timer(settings, stop)
+        checked = await _pass_on_timer(settings, stop, check=not checked) or checked
         now = loop.time()
         if next_start < now:
             next_start = now
@@ -323,15 +340,24 @@ async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -
                 await stop.wait()
 
 
-async def _pass_on_timer(settings: Settings, stop: asyncio.Event) -> None:
-    """One pass of ``--every``: its failure, or its early stop, is logged."""
+async def _pass_on_timer(settings: Settings, stop: asyncio.Event, *, check: bool) -> bool:
+    """One pass of ``--every``: its failure, or its early stop, is logged; a topology that
+    differs is raised. Returns whether the pass got past the topology check."""
     try:
-        await _scan_and_report(settings, stop=stop)
+        await _scan_and_report(settings, stop=stop, check=check)
+    except TopologyMismatch:
+        raise
     except ScanStopped as stopped:
         facts = {"published": stopped.result.published, "failed": stopped.result.failed}
         log.info("scan.stopped", extra=facts)
+        return False
+    except PublishNotConfirmed:
+        log.exception("scan.failed")
+        return True
     except Exception:
         log.exception("scan.failed")
+        return False
+    return True
 
 
 @contextlib.contextmanager

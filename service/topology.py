@@ -1,4 +1,5 @@
-"""Exchange and queue names and arguments (pure), and their declaration.
+"""Exchange and queue names and arguments (pure), their declaration, and the check
+that they exist.
 
 ::
 
@@ -12,6 +13,11 @@
 Every queue is a quorum queue. A delay queue has a fixed TTL and dead-letters
 back to ``expirations`` when it runs out, so delays live in the broker, one
 queue per tier so that no message waits behind a longer one.
+
+Declaring needs the configure permission; only ``python -m service.declare``
+(the deploy's step) does it. The running processes check instead
+(``require_topology``: passive declares, which need no permission, and
+``service.declare.check_topology`` for the arguments).
 """
 
 from __future__ import annotations
@@ -21,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiormq.exceptions
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, ExchangeType
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractQueue,
+    ExchangeType,
+)
 
 from service.errors import TopologyMismatch
 
@@ -45,6 +57,8 @@ DELIVERY_LIMIT = 10
 # never drop a message, so their limit is set far above normal use, and a dead
 # letter returned half as often is replaced by a fresh copy (service/returns.py).
 DEAD_DELIVERY_LIMIT = 1000
+
+DECLARE_COMMAND = "python -m service.declare"
 
 # Each quorum queue starts with this many replicas (capped at the cluster's
 # size), so on a three-node cluster every queue survives the loss of a node.
@@ -244,3 +258,28 @@ async def _declare(what: str, declaration: Awaitable[T]) -> T:
             "delete it or fix its policy, then start again"
         ) from None
     return result
+
+
+async def require_topology(connection: AbstractConnection, topology: Topology) -> None:
+    """Check, changing nothing, that every exchange and queue exists (passive declares).
+
+    Raises ``TopologyMismatch`` (one line naming the first one missing).
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        for ex in topology.exchanges:
+            await _exists(f"exchange {ex.name!r}", channel.declare_exchange(ex.name, passive=True))
+        for spec in topology.queues:
+            await _exists(f"queue {spec.name!r}", channel.declare_queue(spec.name, passive=True))
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def _exists(what: str, declaration: Awaitable[T]) -> None:
+    try:
+        await declaration
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        raise TopologyMismatch(
+            f"{what} does not exist on the broker; declare the topology first: {DECLARE_COMMAND}"
+        ) from None

@@ -1,8 +1,14 @@
-"""Root fixtures: a clean environment, and a private database and vhost per test."""
+"""Root fixtures: a clean environment, and a private database and vhost per test.
+
+``stack``'s vhost holds the service's topology, declared as the deploy does
+(``service.declare``), since the running processes only check it;
+``bare_stack``'s vhost is empty.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +17,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from service.declare import declare
 from service.migrate import migrate
 from tests.support import (
     RUN_ID,
@@ -21,6 +28,7 @@ from tests.support import (
     stack_settings,
     with_database,
     with_vhost,
+    without_credentials,
 )
 
 _counter = itertools.count(1)
@@ -62,8 +70,8 @@ def template_database(endpoints: Endpoints) -> Iterator[str]:
     asyncio.run(_sql(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-@pytest.fixture
-async def stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
+@contextlib.asynccontextmanager
+async def _private_stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
     """A private, migrated database and an empty private vhost; removed afterwards."""
     number = next(_counter)
     name = f"expiry_t_{RUN_ID}_{number}"
@@ -73,14 +81,31 @@ async def stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[S
     await management.create_vhost(vhost)
     database_url = with_database(endpoints.database_url, name)
     amqp_url = with_vhost(endpoints.amqp_url, vhost)
+    # The management API of this run's broker, with the credentials of AMQP_URL.
+    management_url = without_credentials(endpoints.management_url)
     try:
         yield Stack(
             database_url=database_url,
             amqp_url=amqp_url,
             vhost=vhost,
             management=management,
-            settings=stack_settings(database_url, amqp_url),
+            settings=stack_settings(database_url, amqp_url, management_url=management_url),
         )
     finally:
         await management.delete_vhost(vhost)
         await _sql(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
+    """A private, migrated database and a private vhost holding the declared topology."""
+    async with _private_stack(endpoints, template_database) as opened:
+        await declare(opened.settings)
+        yield opened
+
+
+@pytest.fixture
+async def bare_stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
+    """A private, migrated database and an empty private vhost (nothing declared)."""
+    async with _private_stack(endpoints, template_database) as opened:
+        yield opened

@@ -23,12 +23,13 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
 STARTUP_SECONDS = 180.0
 PORTS_PER_NODE = 15
+MANAGEMENT_OFFSET = 1  # a node's management port follows its AMQP port
 
 
 class ServerUnavailable(RuntimeError):
@@ -119,7 +120,7 @@ class RabbitNode:
     @property
     def management_port(self) -> int:
         """The management API's port."""
-        return self.first_port + 1
+        return self.first_port + MANAGEMENT_OFFSET
 
     @property
     def env(self) -> dict[str, str]:
@@ -258,3 +259,10 @@ class RabbitNode:
     def management_url(self) -> str:
         """The management API's base URL."""
         return f"http://127.0.0.1:{self.management_port}"
+
+
+def management_url_beside(amqp_url: str) -> str:
+    """The management API of the private node whose AMQP URL is ``amqp_url`` (the first of
+    a list), without credentials (a service logs in with its AMQP user)."""
+    parts = urlsplit(amqp_url.split(",")[0])
+    return f"http://{parts.hostname}:{(parts.port or 5672) + MANAGEMENT_OFFSET}"

@@ -58,6 +58,13 @@ def _management_from_amqp(amqp_url: str) -> str:
     return f"http://{quote(user)}:{quote(password)}@{parts.hostname}:15672"
 
 
+def without_credentials(url: str) -> str:
+    """``url`` without its user and password: the service then logs in with its own."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _docker_available() -> bool:
     if shutil.which("docker") is None:
         return False
@@ -190,6 +197,8 @@ class Stack:
             EXPIRY_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
+        if self.settings.management_url is not None:
+            env.update(EXPIRY_MANAGEMENT_URL=self.settings.management_url)
         env.update(extra)
         return env
 

@@ -25,6 +25,7 @@ CLOSED = "127.0.0.1:1"
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "service.migrate": (),
+    "service.declare": (),
     "service.produce": ("--scan",),
     "service.consume": (),
     "service.deadletters": ("list",),
@@ -165,6 +166,7 @@ async def test_no_password_when_the_servers_refuse_it(
     )
     expected = _everyone(1, "PostgreSQL")
     expected["service.produce"] = Expect(1, ("RabbitMQ", "PostgreSQL"))  # connects both first
+    expected["service.declare"] = Expect(1, ("RabbitMQ",))  # needs the broker only
     expected["service.healthcheck"] = Expect(0)  # both servers answer
     assert await _run_every_command(env, expected) == []
 
@@ -175,6 +177,7 @@ async def test_no_password_when_the_broker_refuses_it(stack: Stack) -> None:
     expected = _everyone(0)
     expected["service.produce"] = Expect(1, ("RabbitMQ",))
     expected["service.consume"] = Expect(1, ("RabbitMQ",))
+    expected["service.declare"] = Expect(1, ("RabbitMQ",))
     expected["service.status"] = Expect(1, ("broker unreachable:",))
     assert await _run_every_command(env, expected) == []
 

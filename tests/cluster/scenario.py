@@ -34,6 +34,7 @@ from tests.cluster.observe import (
     queue_views,
 )
 from tests.cluster.report import Figures
+from tests.rabbitnode import management_url_beside
 
 Departure = Literal["stop_app", "kill"]
 
@@ -83,7 +84,11 @@ def service_env(amqp_url: str, database_url: str, worker: str) -> dict[str, str]
     }
     env.update(SERVICE_ENV)
     env.update(
-        AMQP_URL=amqp_url, DATABASE_URL=database_url, EXPIRY_WORKER_ID=worker, PYTHONUNBUFFERED="1"
+        AMQP_URL=amqp_url,
+        DATABASE_URL=database_url,
+        EXPIRY_MANAGEMENT_URL=management_url_beside(amqp_url),
+        EXPIRY_WORKER_ID=worker,
+        PYTHONUNBUFFERED="1",
     )
     return env
 
@@ -138,11 +143,12 @@ class Run:
 
 
 async def declare_and_order(run: Run) -> None:
-    """Declare the topology with one real scan; check the replicas; put the leader first."""
+    """Declare the topology (``python -m service.declare``, the deploy's step); check the
+    replicas; put the leader first."""
     first = run.cluster.nodes[0]
     env = service_env(run.cluster.amqp_url(run.vhost), run.database_url, "cluster-declare")
-    scan = await run.fleet.run("service.produce", "--scan", name="declare", env=env)
-    assert scan.process.returncode == 0, scan.text()
+    declare = await run.fleet.run("service.declare", name="declare", env=env)
+    assert declare.process.returncode == 0, declare.text()
     names = sorted(node.name for node in run.cluster.nodes)
     views = await queue_views(first, run.vhost)
     assert {view["name"] for view in views} == SERVICE_QUEUES

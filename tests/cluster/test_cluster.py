@@ -69,6 +69,8 @@ async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outco
     ids = await insert_spread_holds(cluster_database, LOCKED_HOLDS, 0.0)
     try:
         async with asyncio.timeout(SCENARIO_SECONDS):
+            declare = await fleet.run("service.declare", name="declare", env=env)
+            assert declare.process.returncode == 0, declare.text()
             scan = await fleet.run("service.produce", "--scan", name="scan", env=env)
             assert scan.process.returncode == 0, scan.text()
             async with row_locks(cluster_database, ids):
@@ -137,7 +139,7 @@ async def test_status_reads_the_queues_through_another_node_when_the_first_is_do
     fleet = Fleet(tmp_path)
     try:
         async with asyncio.timeout(SCENARIO_SECONDS):
-            declare = await fleet.run("service.produce", "--scan", name="declare", env=env)
+            declare = await fleet.run("service.declare", name="declare", env=env)
             assert declare.process.returncode == 0, declare.text()
             await asyncio.to_thread(rabbit_cluster.nodes[0].stop_app)
             status = await fleet.run("service.status", "--json", name="status", env=env)

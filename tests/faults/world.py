@@ -75,9 +75,19 @@ class World:
             if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
         }
         env.update(SERVICE_ENV)
-        env.update(DATABASE_URL=self.database_url, AMQP_URL=self.amqp_url, PYTHONUNBUFFERED="1")
+        env.update(
+            DATABASE_URL=self.database_url,
+            AMQP_URL=self.amqp_url,
+            # The private node's management API (the credentials are AMQP_URL's).
+            EXPIRY_MANAGEMENT_URL=self.node.management_url,
+            PYTHONUNBUFFERED="1",
+        )
         env.update(overrides)
         return env
+
+    async def declare(self) -> ServiceProcess:
+        """Run ``python -m service.declare`` (the deploy's step) to completion."""
+        return await self.fleet.run("service.declare", name="declare", env=self.env())
 
     async def consumer(self, name: str | None = None, **overrides: str) -> ServiceProcess:
         """Start ``python -m service.consume``."""
@@ -117,7 +127,8 @@ async def _admin(url: str, statement: str) -> None:
 async def open_world(
     admin_url: str, node: RabbitNode, workdir: Path, cluster: PgCluster | None = None
 ) -> AsyncIterator[World]:
-    """Create the database (migrated by ``python -m service.migrate``) and the vhost."""
+    """Create the database (migrated by ``python -m service.migrate``) and the vhost, with
+    the topology declared by ``python -m service.declare``, as a deploy does."""
     number = next(_numbers)
     name = f"faults_{RUN}_{number}"
     vhost = f"faults-{RUN}-{number}"
@@ -138,6 +149,8 @@ async def open_world(
         await management.create_vhost(vhost)
         migrate = await world.fleet.run("service.migrate", name="migrate", env=world.env())
         assert migrate.returncode == 0, migrate.text()
+        declare = await world.declare()
+        assert declare.returncode == 0, declare.text()
         await install_transition_trigger(world.database_url)
         yield world
     finally:

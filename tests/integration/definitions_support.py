@@ -8,13 +8,14 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,19 @@ from tests.support import RUN_ID, Management
 
 RABBITMQ_DIR = Path(__file__).resolve().parents[2] / "rabbitmq"
 DEFINITIONS = RABBITMQ_DIR / "definitions.json"
-SERVICE_USER = "expiry"
+# One user per job: the deploy declares, the scan publishes, the consumers consume,
+# the operator replays dead letters; admin is the management UI's.
+DEPLOY_USER = "expiry-deploy"
+CONSUMER_USER = "expiry-consumer"
+SCAN_USER = "expiry-scan"
+OPERATOR_USER = "expiry-operator"
+SERVICE_USERS = (DEPLOY_USER, CONSUMER_USER, SCAN_USER, OPERATOR_USER)
 ADMIN_USER = "admin"
 # The documented throwaway passwords of the shipped definitions (compose.yaml uses them).
-THROWAWAY_PASSWORDS = {SERVICE_USER: "expiry-change-me", ADMIN_USER: "admin-change-me"}
+THROWAWAY_PASSWORDS = {
+    **{user: f"{user}-change-me" for user in SERVICE_USERS},
+    ADMIN_USER: "admin-change-me",
+}
 SHA256 = "rabbit_password_hashing_sha256"
 # Objects of one vhost that the broker makes itself, not the service.
 _BUILTIN_EXCHANGE = re.compile(r"^(|amq\..*)$")
@@ -51,6 +61,17 @@ def permissions_of(definitions: dict[str, Any], user: str) -> dict[str, str]:
     """The configure/write/read patterns the definitions give ``user`` on ``/``."""
     [entry] = [p for p in definitions["permissions"] if p["user"] == user and p["vhost"] == "/"]
     return {key: entry[key] for key in ("configure", "write", "read")}
+
+
+def tags_of(definitions: dict[str, Any], user: str) -> list[str]:
+    """The tags the definitions give ``user``."""
+    [entry] = [u for u in definitions["users"] if u["name"] == user]
+    return list(entry["tags"])
+
+
+def permits(pattern: str, name: str) -> bool:
+    """Whether a permission pattern covers ``name`` (RabbitMQ: an empty one covers nothing)."""
+    return pattern != "" and re.search(pattern, name) is not None
 
 
 def rabbit_password_hash(password: str, salt: bytes) -> str:
@@ -118,9 +139,11 @@ class BrokerAdmin(Management):
             if b["source"]
         }
 
-    async def create_user(self, name: str, **credentials: str) -> None:
-        """``credentials``: ``password=...``, or ``password_hash=...`` and ``hashing_algorithm``."""
-        await self._call("PUT", f"/users/{quote(name, safe='')}", json={"tags": "", **credentials})
+    async def create_user(self, name: str, *, tags: str = "", **credentials: str) -> None:
+        """``credentials``: ``password=...``, or ``password_hash=...`` and ``hashing_algorithm``;
+        ``tags`` comma-separated."""
+        body = {"tags": tags, **credentials}
+        await self._call("PUT", f"/users/{quote(name, safe='')}", json=body)
 
     async def delete_user(self, name: str) -> None:
         await self._call("DELETE", f"/users/{quote(name, safe='')}")
@@ -128,6 +151,29 @@ class BrokerAdmin(Management):
     async def set_permissions(self, vhost: str, user: str, permissions: dict[str, str]) -> None:
         path = f"/permissions/{quote(vhost, safe='')}/{quote(user, safe='')}"
         await self._call("PUT", path, json=permissions)
+
+
+@contextlib.asynccontextmanager
+async def users_like_shipped(
+    admin: BrokerAdmin, vhost: str, amqp_url: str
+) -> AsyncIterator[dict[str, str]]:
+    """For each service user of the shipped definitions, a test user with its tags and its
+    permissions (in ``vhost``) and a test password; yields the shipped name -> its test
+    user's ``amqp_url``. The users are deleted afterwards."""
+    shipped = load_definitions()
+    urls: dict[str, str] = {}
+    created: list[str] = []
+    try:
+        for user in SERVICE_USERS:
+            name, password = f"{user}-t-{RUN_ID}-{secrets.token_hex(3)}", secrets.token_urlsafe(18)
+            await admin.create_user(name, password=password, tags=",".join(tags_of(shipped, user)))
+            created.append(name)
+            await admin.set_permissions(vhost, name, permissions_of(shipped, user))
+            urls[user] = with_credentials(amqp_url, name, password)
+        yield urls
+    finally:
+        for name in created:
+            await admin.delete_user(name)
 
 
 def shipped_bindings(definitions: dict[str, Any]) -> set[tuple[str, str, str]]:

@@ -1,48 +1,69 @@
-"""``rabbitmq/`` against the real broker: the definitions, the service user, the config.
+"""``rabbitmq/`` against the real broker: the definitions, one user per job, the config.
 
-The shipped definitions are imported into a fresh vhost and the service is
-started against them (it must declare nothing that conflicts); the service's
-least-privilege user runs the service and can do nothing outside its names;
-and the shipped ``rabbitmq.conf`` and ``enabled_plugins`` boot a node that
-loads the definitions.
+The shipped definitions are imported into a fresh vhost, and a test user is made
+like each shipped one (its tags, its permissions in that vhost, a test
+password). Each does its job with only its rights (the deploy declares, the
+scan publishes, the consumer consumes, retries, dead-letters, records and
+refreshes, the operator replays and gives back), and what it must not do is
+refused with ACCESS_REFUSED: only the deploy may delete ``expirations.dead``,
+only the operator (and the deploy) may purge or read it. The shipped
+``rabbitmq.conf`` and ``enabled_plugins`` boot a node that loads the definitions.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import re
-import secrets
+import logging
 import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import aiormq.exceptions
 import httpx
 import pytest
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from service import produce, topology
+from service import deadletters, produce, returns, status, topology
+from service.declare import declare
 from service.settings import Settings
 from tests.integration.definitions_support import (
     ADMIN_USER,
-    SERVICE_USER,
+    CONSUMER_USER,
+    DEPLOY_USER,
+    OPERATOR_USER,
+    SCAN_USER,
+    SERVICE_USERS,
     SHA256,
     THROWAWAY_PASSWORDS,
     BrokerAdmin,
     for_vhost_import,
     load_definitions,
     permissions_of,
+    permits,
     policy_conflicts,
     rabbit_password_hash,
     salt_of,
     shipped_bindings,
+    tags_of,
     throwaway_node,
+    users_like_shipped,
     with_credentials,
 )
+from tests.proxy import tcp_proxy
 from tests.support import (
     RUN_ID,
     Stack,
+    consumer_count,
     eventually,
     insert_holds,
     missing,
+    pg_connection,
+    publish_raw,
+    queue_depth,
     running_consumer,
     statuses,
     wait_for_consumers,
@@ -51,39 +72,54 @@ from tests.support import (
 pytestmark = pytest.mark.integration
 
 DEFAULT_DELAYS: tuple[int, ...] = Settings.model_fields["retry_delays"].default
+TOPOLOGY = topology.build_topology(DEFAULT_DELAYS)
+QUEUES = [q.name for q in TOPOLOGY.queues]
+EXCHANGES = [e.name for e in TOPOLOGY.exchanges]
+RUNNING_USERS = (CONSUMER_USER, SCAN_USER, OPERATOR_USER)
 
 
-def _default_topology(stack: Stack) -> Stack:
-    """The stack with the default retry tiers: the ones the definitions are written for."""
-    return stack.with_settings(retry_delays=DEFAULT_DELAYS)
+@dataclass(frozen=True)
+class Shipped:
+    """A vhost loaded with the shipped definitions, and a test user like each shipped one."""
+
+    stack: Stack
+    admin: BrokerAdmin
+    urls: dict[str, str]  # shipped user name -> AMQP URL of its test user
+
+    def settings_of(self, user: str, **overrides: Any) -> Settings:
+        """The stack's settings, connecting as ``user``'s test user."""
+        update = {"amqp_url": (self.urls[user],), **overrides}
+        return self.stack.settings.model_copy(update=update)
+
+
+@pytest.fixture
+async def shipped(bare_stack: Stack) -> AsyncIterator[Shipped]:
+    """The shipped definitions imported into an empty vhost; users made like the shipped."""
+    stack = bare_stack.with_settings(retry_delays=DEFAULT_DELAYS)
+    admin = BrokerAdmin.like(stack.management)
+    await admin.import_definitions(stack.vhost, for_vhost_import(load_definitions()))
+    async with users_like_shipped(admin, stack.vhost, stack.amqp_url) as urls:
+        yield Shipped(stack, admin, urls)
 
 
 async def _all_expired(stack: Stack, count: int) -> bool:
     return (await statuses(stack.database_url)).get("expired", 0) == count
 
 
-async def test_imported_definitions_and_the_service_declare_the_same_topology(
-    stack: Stack,
-) -> None:
-    """Import the shipped definitions, start scan and consumer: no mismatch, nothing added."""
-    stack = _default_topology(stack)
-    admin = BrokerAdmin.like(stack.management)
-    shipped = load_definitions()
-    await admin.import_definitions(stack.vhost, for_vhost_import(shipped))
-    imported = await admin.queue_arguments(stack.vhost)
-    assert imported == {q["name"]: q["arguments"] for q in shipped["queues"]}
+async def _records(stack: Stack) -> list[str]:
+    async with pg_connection(stack.database_url) as conn:
+        return [row["message_id"] for row in await conn.fetch("SELECT * FROM dead_letters")]
 
-    ids = await insert_holds(stack.database_url, 5)
-    result = await produce.scan(stack.settings)  # declares the topology: no TopologyMismatch
-    assert result.published == len(ids)
-    async with running_consumer(stack.settings) as consumer:
-        await wait_for_consumers(stack.amqp_url, 1, consumer)
-        await eventually(lambda: _all_expired(stack, len(ids)))
 
-    assert await admin.queue_arguments(stack.vhost) == imported
-    declared = topology.build_topology(DEFAULT_DELAYS)
-    assert await admin.exchange_names(stack.vhost) == {e.name for e in declared.exchanges}
-    assert await admin.bindings(stack.vhost) == shipped_bindings(shipped)
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
+
+
+def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.msg == event]
+
+
+# -- the definitions themselves ---------------------------------------------------------
 
 
 def test_no_shipped_policy_disagrees_with_a_queue_argument() -> None:
@@ -93,101 +129,405 @@ def test_no_shipped_policy_disagrees_with_a_queue_argument() -> None:
 
 def test_shipped_password_hashes_are_of_the_documented_throwaway_passwords() -> None:
     """Each user's hash is RabbitMQ's salted SHA-256 of the password the README names."""
-    for user in load_definitions()["users"]:
+    users = load_definitions()["users"]
+    assert sorted(u["name"] for u in users) == sorted([*SERVICE_USERS, ADMIN_USER])
+    for user in users:
         assert user["hashing_algorithm"] == SHA256
         password = THROWAWAY_PASSWORDS[user["name"]]
         expected = rabbit_password_hash(password, salt_of(user["password_hash"]))
         assert user["password_hash"] == expected, user["name"]
 
 
-def test_service_user_may_touch_only_the_service_names() -> None:
-    """configure, write and read match exactly the names the service declares."""
-    patterns = permissions_of(load_definitions(), SERVICE_USER)
-    names = [q.name for q in topology.build_topology((1, 5, 30, 120, 3600)).queues]
-    for kind, pattern in patterns.items():
-        compiled = re.compile(pattern)
-        for name in [*names, topology.RETRY_EXCHANGE, topology.DEAD_EXCHANGE]:
-            assert compiled.search(name), (kind, name)
-        for other in ("other", "amq.direct", "expirationsX", "x.expirations", "expirations."):
-            assert not compiled.search(other), (kind, other)
+# What each user's configure, write and read patterns must cover among these names, and
+# nothing else: the deploy everything of the service; the rest only what their job needs.
+NAMES = [*QUEUES, *EXCHANGES, topology.retry_queue(3600)]
+OUTSIDERS = ["other", "amq.default", "amq.direct", "expirationsX", "x.expirations", "expirations."]
+JOBS: dict[str, dict[str, set[str]]] = {
+    DEPLOY_USER: {kind: set(NAMES) for kind in ("configure", "write", "read")},
+    CONSUMER_USER: {
+        "configure": set(),
+        "write": {topology.RETRY_EXCHANGE, topology.DEAD_EXCHANGE},
+        "read": {topology.QUEUE, topology.DEAD_LOG_QUEUE},
+    },
+    SCAN_USER: {"configure": set(), "write": {topology.EXCHANGE}, "read": set()},
+    OPERATOR_USER: {
+        "configure": set(),
+        "write": {topology.EXCHANGE, topology.DEAD_EXCHANGE},
+        "read": {topology.DEAD_QUEUE},
+    },
+}
 
 
-async def test_least_privilege_user_runs_the_service_and_nothing_else(stack: Stack) -> None:
-    """As the service user (shipped permissions, fresh vhost): scan and consume work; ACCESS_REFUSED
-    for a queue or exchange outside its names."""
-    admin = BrokerAdmin.like(stack.management)
-    user, password = f"expiry-t-{RUN_ID}-{secrets.token_hex(4)}", secrets.token_urlsafe(18)
-    await admin.create_user(user, password=password)
-    try:
-        await admin.set_permissions(
-            stack.vhost, user, permissions_of(load_definitions(), SERVICE_USER)
-        )
-        amqp_url = with_credentials(stack.amqp_url, user, password)
-        as_service = stack.with_settings(amqp_url=(amqp_url,))
-        ids = await insert_holds(stack.database_url, 5)
-        assert (await produce.scan(as_service.settings)).published == len(ids)
-        async with running_consumer(as_service.settings) as consumer:
-            await wait_for_consumers(stack.amqp_url, 1, consumer)
-            await eventually(lambda: _all_expired(stack, len(ids)))
-        await _refused_outside_its_names(amqp_url)
-    finally:
-        await admin.delete_user(user)
+@pytest.mark.parametrize("user", SERVICE_USERS)
+def test_each_users_patterns_cover_exactly_the_names_of_its_job(user: str) -> None:
+    """configure, write and read each cover the names the user's job needs, nothing else."""
+    patterns = permissions_of(load_definitions(), user)
+    for kind, wanted in JOBS[user].items():
+        covered = {name for name in NAMES + OUTSIDERS if permits(patterns[kind], name)}
+        assert covered == wanted, (user, kind)
 
 
-async def _refused_outside_its_names(amqp_url: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        for name in ("not-expirations", "expirationsX", "x.expirations"):
-            channel = await connection.channel()
-            with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
-                await channel.declare_queue(name, durable=True)
-            channel = await connection.channel()
-            with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
-                await channel.declare_exchange(name, durable=True)
-    finally:
-        await connection.close()
+def test_only_the_running_processes_may_read_the_management_api() -> None:
+    """The consumer and the scan get ``management`` (the topology check reads it); the
+    deploy and the operator no tag; admin is the administrator."""
+    shipped = load_definitions()
+    tags = {user: tags_of(shipped, user) for user in (*SERVICE_USERS, ADMIN_USER)}
+    assert tags == {
+        DEPLOY_USER: [],
+        CONSUMER_USER: ["management"],
+        SCAN_USER: ["management"],
+        OPERATOR_USER: [],
+        ADMIN_USER: ["administrator"],
+    }
 
 
-async def test_broker_accepts_the_shipped_password_hash(stack: Stack) -> None:
+@pytest.mark.parametrize("user", SERVICE_USERS)
+async def test_broker_accepts_the_shipped_password_hash(stack: Stack, user: str) -> None:
     """A user made from the shipped hash logs in with the documented password."""
     admin = BrokerAdmin.like(stack.management)
-    [shipped] = [u for u in load_definitions()["users"] if u["name"] == SERVICE_USER]
-    user = f"expiry-hash-{RUN_ID}-{secrets.token_hex(4)}"
-    await admin.create_user(user, password_hash=shipped["password_hash"], hashing_algorithm=SHA256)
+    [entry] = [u for u in load_definitions()["users"] if u["name"] == user]
+    name = f"{user}-hash-{RUN_ID}"
+    await admin.create_user(name, password_hash=entry["password_hash"], hashing_algorithm=SHA256)
     try:
-        await admin.set_permissions(stack.vhost, user, {"configure": "", "write": "", "read": ""})
-        url = with_credentials(stack.amqp_url, user, THROWAWAY_PASSWORDS[SERVICE_USER])
-        connection = await aio_pika.connect(url)
+        await admin.set_permissions(stack.vhost, name, {"configure": "", "write": "", "read": ""})
+        connection = await aio_pika.connect(
+            with_credentials(stack.amqp_url, name, THROWAWAY_PASSWORDS[user])
+        )
         await connection.close()
         with pytest.raises(aio_pika.exceptions.ProbableAuthenticationError):
-            await aio_pika.connect(with_credentials(stack.amqp_url, user, "wrong"))
+            await aio_pika.connect(with_credentials(stack.amqp_url, name, "wrong"))
     finally:
-        await admin.delete_user(user)
+        await admin.delete_user(name)
+
+
+# -- each user does its job with its rights ---------------------------------------------
+
+
+async def test_the_deploy_step_on_the_imported_definitions_changes_nothing(
+    shipped: Shipped,
+) -> None:
+    """As the deploy user, ``declare`` finds the imported topology as it would declare it."""
+    imported = await shipped.admin.queue_arguments(shipped.stack.vhost)
+    assert imported == {q["name"]: q["arguments"] for q in load_definitions()["queues"]}
+    await declare(shipped.settings_of(DEPLOY_USER))
+    vhost = shipped.stack.vhost
+    assert await shipped.admin.queue_arguments(vhost) == imported
+    assert await shipped.admin.exchange_names(vhost) == set(EXCHANGES)
+    assert await shipped.admin.bindings(vhost) == shipped_bindings(load_definitions())
+
+
+async def test_scan_and_consumer_run_with_only_their_rights(
+    shipped: Shipped, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As their users: the scan publishes, the consumer expires the holds, dead-letters a
+    poison body and records it; both checked the topology through the management API."""
+    caplog.set_level(logging.INFO)
+    stack = shipped.stack
+    ids = await insert_holds(stack.database_url, 5)
+    assert (await produce.scan(shipped.settings_of(SCAN_USER))).published == len(ids)
+    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
+        await wait_for_consumers(stack.amqp_url, 1, consumer)
+        await eventually(lambda: _all_expired(stack, len(ids)))
+        await publish_raw(shipped.urls[SCAN_USER], [b"not a command"], message_ids=["junk-1"])
+        await eventually(lambda: _depth_is(stack, topology.DEAD_QUEUE, 1))
+        await eventually(lambda: _has_record(stack, "junk-1"))
+    assert _events(caplog, "topology.arguments_unchecked") == []
+    assert "ACCESS_REFUSED" not in caplog.text
+
+
+async def _has_record(stack: Stack, message_id: str) -> bool:
+    return message_id in await _records(stack)
+
+
+async def test_the_consumer_retries_through_the_delay_queues_with_its_rights(
+    shipped: Shipped, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the consumer user, with the database away: copies go to a delay queue and come
+    back; once the database is back every hold expires."""
+    caplog.set_level(logging.INFO)
+    stack = shipped.stack
+    ids = await insert_holds(stack.database_url, 3)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = shipped.settings_of(CONSUMER_USER, database_url=proxy.url(stack.database_url))
+        async with running_consumer(settings) as consumer:
+            await wait_for_consumers(stack.amqp_url, 1, consumer)
+            proxy.cut()
+            await produce.scan(shipped.settings_of(SCAN_USER))
+            await eventually(lambda: _retried(caplog, len(ids)))
+            proxy.restore()
+            await eventually(lambda: _all_expired(stack, len(ids)), timeout=60)
+
+
+async def _retried(caplog: pytest.LogCaptureFixture, count: int) -> bool:
+    return len(_events(caplog, "expiry.retry")) >= count
+
+
+async def _dead_letter(url: str, message_id: str) -> None:
+    """Publish a dead letter to the dead exchange, as a consumer does (both dead queues)."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.get_exchange(topology.DEAD_EXCHANGE, ensure=False)
+        message = aio_pika.Message(b"{}", message_id=message_id, delivery_mode=2)
+        await exchange.publish(message, topology.DEAD_ROUTING_KEY, mandatory=True)
+
+
+async def test_the_consumer_refreshes_a_dead_letter_log_copy_with_its_rights(
+    shipped: Shipped, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the consumer user: take a dead letter from ``expirations.dead.log`` and give it
+    back as a fresh copy (to that queue alone, by its own name), as the recorder does."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(returns, "REFRESH_AT", 0)  # every give-back is a fresh copy
+    url, stack = shipped.urls[CONSUMER_USER], shipped.stack
+    await _dead_letter(url, "refresh-1")
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        dead_exchange = await channel.get_exchange(topology.DEAD_EXCHANGE, ensure=False)
+        log_queue = await channel.get_queue(topology.DEAD_LOG_QUEUE, ensure=False)
+        message = await log_queue.get(no_ack=False, timeout=5)
+        await returns.give_back(
+            message, dead_exchange=dead_exchange, queue=topology.DEAD_LOG_QUEUE, timeout=5
+        )
+    [refreshed] = _events(caplog, "deadletter.refreshed")
+    assert refreshed.queue == topology.DEAD_LOG_QUEUE  # type: ignore[attr-defined]
+    assert await queue_depth(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
+    assert await queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1
+
+
+async def test_the_operator_replays_and_gives_back_with_its_rights(
+    shipped: Shipped, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the operator user: ``status`` reads every queue, a replay takes the dead letters,
+    republishes one and gives the other back as a fresh copy."""
+    caplog.set_level(logging.INFO)
+    stack = shipped.stack
+    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
+        await wait_for_consumers(stack.amqp_url, 1, consumer)
+        await publish_raw(stack.amqp_url, [b"junk", b"junk"], message_ids=["junk-1", "junk-2"])
+        await eventually(lambda: _record_count_is(stack, 2))
+    operator = shipped.settings_of(OPERATOR_USER, replay_operators=("alice",))
+    queues = await status.read_queues(operator)
+    assert [(q.name, q.ready) for q in queues if q.name == topology.DEAD_QUEUE] == [
+        (topology.DEAD_QUEUE, 2)
+    ]
+    assert all(q.ready is not None for q in queues)
+    monkeypatch.setattr(returns, "REFRESH_AT", 0)
+    args = argparse.Namespace(
+        id="junk-1",
+        all=False,
+        error_class=None,
+        operator="alice",
+        dry_run=False,
+        limit=10,
+        yes=False,
+    )
+    assert await deadletters.replay_command(operator, args) == 0
+    assert await queue_depth(stack.amqp_url, topology.QUEUE) == 1  # junk-1, replayed
+    assert await queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1  # junk-2, given back
+    [refreshed] = _events(caplog, "deadletter.refreshed")
+    assert refreshed.queue == topology.DEAD_QUEUE  # type: ignore[attr-defined]
+
+
+async def _record_count_is(stack: Stack, count: int) -> bool:
+    return len(await _records(stack)) == count
+
+
+async def test_the_consumer_gets_its_consumers_back_after_a_reconnect_without_declaring(
+    shipped: Shipped,
+) -> None:
+    """Its connection closed by the broker, the consumer (which may not configure) takes
+    the work queue and the dead-letter log again with passive declares, and goes on."""
+    stack = shipped.stack
+    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
+        await wait_for_consumers(stack.amqp_url, 1, consumer)
+        assert await consumer_count(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
+        await eventually(lambda: _closed(stack), timeout=30)  # once the API lists it
+        await eventually(lambda: _consumers_back(stack), timeout=60)
+        ids = await insert_holds(stack.database_url, 3)
+        await produce.scan(shipped.settings_of(SCAN_USER))
+        await eventually(lambda: _all_expired(stack, len(ids)))
+        assert not consumer.done()
+
+
+async def _closed(stack: Stack) -> bool:
+    return await stack.management.close_connections(stack.vhost) >= 1
+
+
+async def _consumers_back(stack: Stack) -> bool:
+    counts = [
+        await consumer_count(stack.amqp_url, q) for q in (topology.QUEUE, topology.DEAD_LOG_QUEUE)
+    ]
+    return counts == [1, 1]
+
+
+# -- what each user must not do ---------------------------------------------------------
+
+Operation = Callable[[AbstractChannel], Awaitable[object]]
+
+
+async def _outcome(url: str, operation: Operation) -> str:
+    """``ok``, or ``refused`` when the broker answers ACCESS_REFUSED."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await operation(channel)
+    except aiormq.exceptions.ChannelAccessRefused:
+        return "refused"
+    finally:
+        await connection.close()
+    return "ok"
+
+
+def _declare_queue(spec: topology.QueueSpec) -> Operation:
+    return lambda ch: ch.declare_queue(spec.name, durable=True, arguments=dict(spec.arguments))
+
+
+def _declare_exchange(name: str) -> Operation:
+    return lambda ch: ch.declare_exchange(name, aio_pika.ExchangeType.DIRECT, durable=True)
+
+
+def _delete_queue(name: str) -> Operation:
+    return lambda ch: ch.queue_delete(name)
+
+
+async def _purge_dead(channel: AbstractChannel) -> object:
+    return await (await channel.get_queue(topology.DEAD_QUEUE, ensure=False)).purge()
+
+
+async def _get_dead(channel: AbstractChannel) -> object:
+    queue = await channel.get_queue(topology.DEAD_QUEUE, ensure=False)
+    message = await queue.get(no_ack=False, fail=False, timeout=5)
+    if message is not None:
+        await message.reject(requeue=True)
+    return message
+
+
+async def _consume_dead(channel: AbstractChannel) -> object:
+    queue = await channel.get_queue(topology.DEAD_QUEUE, ensure=False)
+    return await queue.cancel(await queue.consume(_give_back))
+
+
+async def _give_back(message: AbstractIncomingMessage) -> None:
+    await message.reject(requeue=True)
+
+
+def _configuring() -> dict[str, Operation]:
+    """Every declaration and deletion of the service's queues and exchanges."""
+    operations = {f"declare queue {q.name}": _declare_queue(q) for q in TOPOLOGY.queues}
+    operations |= {f"declare exchange {name}": _declare_exchange(name) for name in EXCHANGES}
+    operations |= {f"delete queue {name}": _delete_queue(name) for name in QUEUES}
+    operations[f"delete exchange {topology.DEAD_EXCHANGE}"] = lambda ch: ch.exchange_delete(
+        topology.DEAD_EXCHANGE
+    )
+    return operations
+
+
+READING_THE_DEAD: dict[str, Operation] = {
+    "purge expirations.dead": _purge_dead,
+    "get from expirations.dead": _get_dead,
+    "consume expirations.dead": _consume_dead,
+}
+
+
+async def test_no_running_user_may_declare_or_delete_anything(shipped: Shipped) -> None:
+    """Consumer, scan and operator: every declaration and deletion is ACCESS_REFUSED."""
+    outcomes = {
+        (user, what): await _outcome(shipped.urls[user], operation)
+        for user in RUNNING_USERS
+        for what, operation in _configuring().items()
+    }
+    assert {outcome for outcome in outcomes.values()} == {"refused"}, outcomes
+    assert sorted(await shipped.stack.management.queue_names(shipped.stack.vhost)) == sorted(QUEUES)
+
+
+async def test_neither_consumer_nor_scan_may_read_or_purge_the_dead_letters(
+    shipped: Shipped,
+) -> None:
+    """Consumer and scan: purge, get and consume of ``expirations.dead`` are ACCESS_REFUSED,
+    over AMQP and through the management API (where their tag lets them read the topology)."""
+    await _dead_letter(shipped.urls[CONSUMER_USER], "kept-1")
+    for user in (CONSUMER_USER, SCAN_USER):
+        for what, operation in READING_THE_DEAD.items():
+            assert await _outcome(shipped.urls[user], operation) == "refused", (user, what)
+        assert await _through_the_api(shipped, user) == [401, 401, 401]
+    assert await queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 1
+
+
+async def _through_the_api(shipped: Shipped, user: str) -> list[int]:
+    """Status codes of delete, purge and get of ``expirations.dead`` through the API."""
+    base = shipped.stack.settings.management_url
+    url = httpx.URL(shipped.urls[user])
+    queue = f"/api/queues/{quote(shipped.stack.vhost, safe='')}/{topology.DEAD_QUEUE}"
+    get = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+    async with httpx.AsyncClient(base_url=base or "", auth=(url.username, url.password)) as http:
+        answers = [
+            await http.delete(queue),
+            await http.delete(f"{queue}/contents"),
+            await http.post(f"{queue}/get", json=get),
+        ]
+    return [answer.status_code for answer in answers]
+
+
+async def test_the_deploy_user_may_not_step_outside_the_service_names(shipped: Shipped) -> None:
+    """The deploy user declares only ``expirations`` names: anything else is ACCESS_REFUSED."""
+    url = shipped.urls[DEPLOY_USER]
+    for name in ("not-expirations", "expirationsX", "x.expirations"):
+        queue = topology.QueueSpec(name, topology.EXCHANGE, "x")
+        assert await _outcome(url, _declare_queue(queue)) == "refused", name
+        assert await _outcome(url, _declare_exchange(name)) == "refused", name
+
+
+async def test_only_the_operator_purges_and_only_the_deploy_deletes_the_dead_letters(
+    shipped: Shipped,
+) -> None:
+    """The operator may read and purge ``expirations.dead`` but not delete it; the deploy
+    user may delete it."""
+    operator, deploy = shipped.urls[OPERATOR_USER], shipped.urls[DEPLOY_USER]
+    await _dead_letter(shipped.urls[CONSUMER_USER], "purged-1")
+    assert await _outcome(operator, _get_dead) == "ok"
+    assert await _outcome(operator, _purge_dead) == "ok"
+    assert await queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 0
+    assert await _outcome(operator, _delete_queue(topology.DEAD_QUEUE)) == "refused"
+    assert await _outcome(deploy, _delete_queue(topology.DEAD_QUEUE)) == "ok"
+    names = await shipped.stack.management.queue_names(shipped.stack.vhost)
+    assert topology.DEAD_QUEUE not in names
+
+
+# -- the shipped files boot a node ------------------------------------------------------
 
 
 @pytest.mark.private_broker
-async def test_shipped_config_boots_a_node_that_loads_the_definitions(stack: Stack) -> None:
+async def test_shipped_config_boots_a_node_that_loads_the_definitions(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
     """rabbitmq.conf + enabled_plugins + definitions.json, unchanged, boot a node: the
-    definitions are loaded (no guest), the limits are set, the plugins answer, and the
-    service user runs a scan and a consumer on it."""
+    definitions are loaded (no guest), the limits are set, the plugins answer; with the
+    shipped users and passwords the deploy declares, the scan and a consumer run and check
+    the topology through the management API."""
     if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
         missing("rabbitmq-server is not installed here: cannot boot a node from rabbitmq/")
+    caplog.set_level(logging.INFO)
     with throwaway_node() as node:
         admin_url = f"http://127.0.0.1:{node.management_port}"
         async with httpx.AsyncClient(base_url=admin_url, timeout=30) as http:
             users = await http.get("/api/users", auth=(ADMIN_USER, THROWAWAY_PASSWORDS[ADMIN_USER]))
             env = await http.get(f"http://127.0.0.1:{node.prometheus_port}/metrics")
-        assert sorted(u["name"] for u in users.json()) == [ADMIN_USER, SERVICE_USER]
+        assert sorted(u["name"] for u in users.json()) == sorted([ADMIN_USER, *SERVICE_USERS])
         assert env.status_code == 200
         environment = await asyncio.to_thread(node.environment)
         assert "{consumer_timeout,300000}" in environment
         assert "{max_message_size,131072}" in environment
 
-        amqp_url = (
-            f"amqp://{SERVICE_USER}:{THROWAWAY_PASSWORDS[SERVICE_USER]}@127.0.0.1:{node.amqp_port}/"
-        )
-        on_node = _default_topology(stack).with_settings(amqp_url=(amqp_url,))
+        def on_node(user: str) -> Settings:
+            amqp_url = f"amqp://{user}:{THROWAWAY_PASSWORDS[user]}@127.0.0.1:{node.amqp_port}/"
+            update = {"amqp_url": (amqp_url,), "retry_delays": DEFAULT_DELAYS}
+            return stack.settings.model_copy(update=update | {"management_url": admin_url})
+
+        await declare(on_node(DEPLOY_USER))
         ids = await insert_holds(stack.database_url, 3)
-        assert (await produce.scan(on_node.settings)).published == len(ids)
-        async with running_consumer(on_node.settings):
+        assert (await produce.scan(on_node(SCAN_USER))).published == len(ids)
+        async with running_consumer(on_node(CONSUMER_USER)):
             await eventually(lambda: _all_expired(stack, len(ids)))
+    assert _events(caplog, "topology.arguments_unchecked") == []

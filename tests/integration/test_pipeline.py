@@ -265,10 +265,11 @@ async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
 
 
 async def test_topology_drift_is_refused_with_one_clear_line(stack: Stack) -> None:
-    """A work queue pre-declared as a classic queue stops the service at start."""
+    """A work queue re-declared as a classic queue stops the service at start."""
     connection = await aio_pika.connect(stack.amqp_url)
     async with connection:
         channel = await connection.channel()
+        await channel.queue_delete("expirations")
         await channel.declare_queue("expirations", durable=True)
     with pytest.raises(TopologyMismatch, match="queue 'expirations' exists on the broker"):
         await produce.scan(stack.settings)

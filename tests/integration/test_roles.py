@@ -1,0 +1,788 @@
+"""Least privilege in the database: each command works as its role, and can do no more.
+
+The runtime roles (``expiry_consumer``, ``expiry_scan``, ``expiry_operator``)
+are created by migration 0005 and shared by every database of the cluster;
+the tests log in as them (the local server trusts every role) and never
+change them. Tests that need roles of their own (missing, or racing to be
+created) run migration 0005 with the role names made unique, and drop what
+they created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import pytest
+
+from service import db, produce
+from service.cli import cause_chain
+from service.domain import Outcome, command_body, message_id
+from service.metrics import Metrics
+from service.migrate import Migration, load_migrations, migrate
+from service.records import DeadLetterRecord
+from service.settings import Settings
+from tests.support import (
+    RUN_ID,
+    Endpoints,
+    Stack,
+    eventually,
+    insert_holds,
+    missing,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    stack_settings,
+    statuses,
+    transitions_per_reservation,
+    wait_for_consumers,
+    with_database,
+)
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+CONSUMER = "expiry_consumer"
+SCAN = "expiry_scan"
+OPERATOR = "expiry_operator"
+RUNTIME_ROLES = (CONSUMER, SCAN, OPERATOR)
+ROLES_MIGRATION = "0005_roles"
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` logging in as ``role`` (no password: a trusting server, or a .pgpass)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+def role_settings(stack: Stack, role: str, **overrides: object) -> Settings:
+    """The stack's settings, connecting to its database as ``role``."""
+    return stack.settings.model_copy(
+        update={"database_url": as_role(stack.database_url, role), **overrides}
+    )
+
+
+@contextlib.asynccontextmanager
+async def connected_as(url: str, role: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
+    """A connection to the database of ``url`` as ``role``."""
+    async with pg_connection(as_role(url, role)) as conn:
+        yield conn
+
+
+def command(module: str, stack: Stack, role: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> args`` against the stack as ``role`` (alice may replay)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=stack.env(
+            DATABASE_URL=as_role(stack.database_url, role), EXPIRY_REPLAY_OPERATORS="alice"
+        ),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def admin(url: str, *statements: str) -> None:
+    """Run ``statements`` on the server of ``url`` as its (superuser) user."""
+    async with pg_connection(url) as conn:
+        for statement in statements:
+            await conn.execute(statement)
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(endpoints: Endpoints, *, owner: str | None = None) -> AsyncIterator[str]:
+    """An empty database of this test (owned by ``owner``); its URL, as the superuser."""
+    name = f"expiry_roles_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    owned = f" OWNER {owner}" if owner else ""
+    await admin(endpoints.database_url, f"CREATE DATABASE {name}{owned}")
+    try:
+        yield with_database(endpoints.database_url, name)
+    finally:
+        await admin(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.asynccontextmanager
+async def throwaway_roles(endpoints: Endpoints, *names: str) -> AsyncIterator[None]:
+    """Drop ``names`` afterwards (drop their databases first: grants pin a role)."""
+    try:
+        yield
+    finally:
+        await admin(endpoints.database_url, *(f"DROP ROLE IF EXISTS {name}" for name in names))
+
+
+def renamed_roles(suffix: str) -> dict[str, str]:
+    """Runtime role name -> a name unique to one test."""
+    return {role: f"xr_{RUN_ID}_{suffix}_{role.removeprefix('expiry_')}" for role in RUNTIME_ROLES}
+
+
+def roles_migration(names: dict[str, str]) -> str:
+    """Migration 0005 with the runtime roles renamed (so that they are missing)."""
+    [sql] = [m.sql for m in load_migrations() if m.version == ROLES_MIGRATION]
+    pattern = re.compile(r"\b(" + "|".join(RUNTIME_ROLES) + r")\b")
+    return pattern.sub(lambda match: names[match.group(1)], sql)
+
+
+def migrations_with(names: dict[str, str]) -> list[Migration]:
+    """Every migration, 0005 with renamed roles."""
+    return [
+        Migration(m.version, roles_migration(names)) if m.version == ROLES_MIGRATION else m
+        for m in load_migrations()
+    ]
+
+
+def before_roles() -> list[Migration]:
+    """The migrations that come before 0005."""
+    return [m for m in load_migrations() if m.version < ROLES_MIGRATION]
+
+
+@contextlib.contextmanager
+def migrations_replaced(monkeypatch: pytest.MonkeyPatch, chosen: list[Migration]) -> Iterator[None]:
+    """``migrate()`` applies ``chosen`` instead of the shipped migrations."""
+    with monkeypatch.context() as patch:
+        patch.setattr("service.migrate.load_migrations", lambda: chosen)
+        yield
+
+
+def dead_letter(message: str, *, last_seen: datetime) -> DeadLetterRecord:
+    """A dead-letter record as the recorder writes it."""
+    return DeadLetterRecord(
+        message_id=message,
+        reservation_id=None,
+        hold_until=None,
+        error_class="poison.not-json",
+        give_up="permanent",
+        reason="not JSON",
+        attempts=1,
+        first_seen=last_seen - timedelta(seconds=1),
+        last_seen=last_seen,
+        worker="test",
+        body_excerpt="<xxxx>",
+    )
+
+
+async def applied_versions(url: str) -> list[str]:
+    """The versions that ``schema_migrations`` records."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY 1")
+    return [row["version"] for row in rows]
+
+
+# -- every command does its whole job as its role ------------------------------------
+
+
+async def test_the_scan_claims_publishes_and_records_leases_as_expiry_scan(stack: Stack) -> None:
+    """``produce.scan`` as expiry_scan publishes every due hold once and records its leases."""
+    due = await insert_holds(stack.database_url, 30)
+    await insert_holds(stack.database_url, 5, due_in=3600)
+    settings = role_settings(stack, SCAN, scan_batch_size=7)  # several pages, pipelined
+    assert (await produce.scan(settings)).published == 30
+    assert (await produce.scan(settings)).published == 0  # every lease is live
+    assert await queue_depth(stack.amqp_url, "expirations") == 30
+    async with pg_connection(stack.database_url) as conn:
+        leases = await conn.fetch("SELECT reservation_id, publish_count FROM publish_leases")
+    assert {row["reservation_id"] for row in leases} == set(due)
+    assert {row["publish_count"] for row in leases} == {1}
+
+
+async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer as expiry_consumer expires due holds once, retries nothing, records poison."""
+    caplog.set_level(logging.INFO)
+    due = await insert_holds(stack.database_url, 40)
+    future = await insert_holds(stack.database_url, 5, due_in=3600)
+    port = free_port()
+    settings = role_settings(stack, CONSUMER, http_port=port)
+    async with running_consumer(settings, metrics=Metrics(), backlog_every=0.2) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        assert (await produce.scan(role_settings(stack, SCAN))).published == len(due)
+        await publish_raw(stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk"])
+        await eventually(lambda: _expired_and_recorded(stack, len(due), ["junk"]))
+        async with httpx.AsyncClient() as client:
+            ready = await client.get(f"http://127.0.0.1:{port}/readyz")
+        assert ready.status_code == 200, ready.text
+    assert await statuses(stack.database_url) == {"expired": len(due), "held": len(future)}
+    assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(due, 1)
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 1
+    events = [record.getMessage() for record in caplog.records]
+    assert "expiry.retry" not in events
+    complaints = [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno >= logging.WARNING and record.getMessage() != "expiry.dead_letter"
+    ]
+    assert complaints == []  # no refused statement, backlog gauge or dead-letter record
+
+
+async def _expired_and_recorded(stack: Stack, expired: int, message_ids: list[str]) -> bool:
+    async with pg_connection(stack.database_url) as conn:
+        done = await conn.fetchval("SELECT count(*) FROM reservations WHERE status = 'expired'")
+        recorded = await conn.fetch("SELECT message_id FROM dead_letters")
+    return done == expired and sorted(row["message_id"] for row in recorded) == sorted(message_ids)
+
+
+async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
+    stack: Stack,
+) -> None:
+    """deadletters list/show/replay, status and verify all work as expiry_operator."""
+    [held] = await insert_holds(stack.database_url, 1)
+    unknown = uuid.uuid4()
+    deadline = datetime(2020, 1, 1, tzinfo=UTC)
+    async with running_consumer(role_settings(stack, CONSUMER)) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        assert (await produce.scan(role_settings(stack, SCAN))).published == 1
+        await publish_raw(
+            stack.amqp_url,
+            [b"<html>not a command</html>", command_body(unknown, deadline)],
+            message_ids=["junk", message_id(unknown, deadline)],
+        )
+        both = ["junk", message_id(unknown, deadline)]
+        await eventually(lambda: _expired_and_recorded(stack, 1, both))
+        records = await _dead_letter_ids(stack)
+
+        listing = command("service.deadletters", stack, OPERATOR, "list")
+        assert listing.returncode == 0, listing.stderr
+        assert "poison.not-json" in listing.stdout
+        for record_id in records.values():  # the unknown one reads transitions and state too
+            shown = command("service.deadletters", stack, OPERATOR, "show", str(record_id))
+            assert shown.returncode == 0, shown.stderr
+        replay_args = ("replay", str(records["junk"]), "--operator", "alice")
+        replay = command("service.deadletters", stack, OPERATOR, *replay_args)
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert "republished" in replay.stdout
+        await eventually(lambda: _times_dead(stack, "junk", 2))  # the recorder's update path
+
+    status = command("service.status", stack, OPERATOR, "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["dead_letters_by_class"]["poison.not-json"] == 1
+    verify = command("service.verify", stack, OPERATOR)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch("SELECT operator, outcome, db_user FROM dead_letter_replays")
+    assert [tuple(row) for row in audit] == [("alice", "republished", OPERATOR)]
+    assert await transitions_per_reservation(stack.database_url) == {held: 1}
+
+
+async def _dead_letter_ids(stack: Stack) -> dict[str, int]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT message_id, id FROM dead_letters")
+    return {row["message_id"]: row["id"] for row in rows}
+
+
+async def _times_dead(stack: Stack, key: str, times: int) -> bool:
+    async with pg_connection(stack.database_url) as conn:
+        row = await conn.fetchrow(
+            "SELECT times_dead, status FROM dead_letters WHERE message_id = $1", key
+        )
+    return row is not None and (row["times_dead"], row["status"]) == (times, "dead")
+
+
+# -- every statement of each role, including the rare paths --------------------------
+
+
+async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: Stack) -> None:
+    """Guarded updates, crash counts, dead-letter upserts and the gauges run as the consumer."""
+    first, second, third = await insert_holds(stack.database_url, 3)
+    [future] = await insert_holds(stack.database_url, 1, due_in=3600)
+    async with connected_as(stack.database_url, CONSUMER) as conn:
+        await db.ping(conn)
+        assert (await db.backlog(conn)).total == 3
+        expire = db.expire_reservation
+        assert (await expire(conn, first, message_id="m1", attempt=1, worker="w")).outcome == (
+            Outcome.EXPIRED
+        )
+        assert (await expire(conn, first, message_id="m1", attempt=2, worker="w")).outcome == (
+            Outcome.ALREADY_DONE
+        )
+        assert (await expire(conn, future, message_id="m4", attempt=1, worker="w")).outcome == (
+            Outcome.NOT_ELIGIBLE
+        )
+        batch = await db.expire_batch(
+            conn, [first, second, third], ["m1", "m2", "m3"], [3, 1, 1], worker="w"
+        )
+        assert {rid: row.won for rid, row in batch.items()} == {
+            first: False,
+            second: True,
+            third: True,
+        }
+        assert await db.reservation_state(conn, second) == ("expired", True)
+        assert await db.mark_handling(conn, "m5") == 1
+        assert await db.mark_handling(conn, "m5") == 2  # the upsert's update path
+        await db.clear_handling(conn, "m5")
+        now = datetime.now(UTC)
+        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now))
+        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now))  # the same: no-op
+        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now + timedelta(seconds=1)))
+    async with pg_connection(stack.database_url) as conn:
+        times_dead = await conn.fetchval("SELECT times_dead FROM dead_letters")
+        crashes = await conn.fetchval("SELECT count(*) FROM delivery_crashes")
+    assert (times_dead, crashes) == (2, 0)
+    assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(
+        (first, second, third), 1
+    )
+
+
+async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: Stack) -> None:
+    """Claims, lease takeovers, records and releases all run as the scan."""
+    ids = await insert_holds(stack.database_url, 4)
+    messages = [f"m{n}" for n in range(4)]
+    async with connected_as(stack.database_url, SCAN) as conn:
+        until = await db.db_now(conn)
+        start = (db.EPOCH_START, db.NIL_UUID)
+        async with conn.transaction():
+            page = await db.claim_due(conn, until=until, after=start, limit=10)
+            claimed = await db.claim_leases(conn, ids, messages, claim_seconds=5)
+        assert {hold.id for hold in page} == claimed == set(ids)
+        await db.record_leases(conn, ids[:2], lease_seconds=300)
+        await db.release_claims(conn, ids[2:])
+        async with conn.transaction():  # the released claims are taken over
+            page = await db.claim_due(conn, until=await db.db_now(conn), after=start, limit=10)
+            claimed = await db.claim_leases(conn, ids, messages, claim_seconds=5)
+        assert {hold.id for hold in page} == claimed == set(ids[2:])
+
+
+async def test_every_statement_of_the_operator_runs_as_expiry_operator(stack: Stack) -> None:
+    """Listing, showing, auditing replays, status and verify's queries run as the operator."""
+    [rid] = await insert_holds(stack.database_url, 1)
+    async with connected_as(stack.database_url, CONSUMER) as conn:
+        await db.expire_reservation(conn, rid, message_id="m1", attempt=1, worker="w")
+        await db.record_dead_letter(conn, dead_letter("junk", last_seen=datetime.now(UTC)))
+    actor = db.Actor("alice", "os-user", "host")
+    async with connected_as(stack.database_url, OPERATOR) as conn:
+        [row] = await db.list_dead_letters(
+            conn, status="dead", error_class=None, older_than=None, newer_than=60, limit=10
+        )
+        assert await db.get_dead_letter(conn, "junk") == row
+        assert await db.dead_letters_by_class(conn) == {"poison.not-json": 1}
+        assert len(await db.transitions_of(conn, rid)) == 1
+        assert await db.reservation_state(conn, rid) == ("expired", True)
+        for outcome in ("refused", "republished"):
+            await db.record_replay(
+                conn, row["id"], "junk", actor=actor, outcome=outcome, detail="test"
+            )
+        replays = await db.replays_of(conn, row["id"])
+        assert [(r["outcome"], r["db_user"]) for r in replays] == [
+            ("refused", OPERATOR),
+            ("republished", OPERATOR),
+        ]
+        replayed = await db.get_dead_letter(conn, "junk")
+        assert replayed is not None
+        assert replayed["status"] == "replayed"
+        assert (await db.backlog(conn)).total == 0
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            await db.prepare_verification(conn)
+            assert (await db.verify_totals(conn))["expired"] == 1
+            for name in db.VERIFY_CHECKS:
+                assert await db.verify_check(conn, name, limit=10, scan_interval=5) == []
+
+
+# -- and no more ----------------------------------------------------------------------
+
+NIL = "'00000000-0000-0000-0000-000000000000'"
+CANNOT = {
+    CONSUMER: [
+        "DELETE FROM reservations",
+        "UPDATE reservations SET hold_until = now()",
+        f"INSERT INTO reservations (id, hold_until) VALUES ({NIL}, now())",
+        f"INSERT INTO publish_leases (reservation_id, message_id, lease_until) "
+        f"VALUES ({NIL}, 'm', now())",
+        "UPDATE publish_leases SET lease_until = now()",
+        "SELECT * FROM reservation_transitions",
+        "UPDATE reservation_transitions SET worker = 'x'",
+        "DELETE FROM reservation_transitions",
+        "TRUNCATE reservation_transitions",
+        f"INSERT INTO reservation_transitions (reservation_id, from_status, to_status, worker, at) "
+        f"VALUES ({NIL}, 'held', 'expired', 'w', now() - interval '1 hour')",
+        "DELETE FROM dead_letters",
+        "UPDATE dead_letters SET body_excerpt = 'x'",
+        "UPDATE dead_letters SET recorded_at = now()",
+        "SELECT body_excerpt FROM dead_letters",
+        "SELECT * FROM dead_letter_replays",
+        "INSERT INTO dead_letter_replays (dead_letter_id, message_id, operator, outcome) "
+        "VALUES (1, 'm', 'o', 'republished')",
+        "TRUNCATE delivery_crashes",
+        "SELECT * FROM schema_migrations",
+        "DROP TABLE reservations",
+        "ALTER TABLE reservation_transitions DISABLE TRIGGER reservation_transitions_append_only",
+        "DROP TRIGGER reservation_transitions_no_truncate ON reservation_transitions",
+        "CREATE TABLE public.intruder (id int)",
+        "SET session_replication_role = replica",
+        "CREATE ROLE intruder",
+    ],
+    SCAN: [
+        "UPDATE reservations SET status = 'expired'",
+        "UPDATE reservations SET hold_until = now()",
+        "DELETE FROM reservations",
+        f"INSERT INTO reservations (id, hold_until) VALUES ({NIL}, now())",
+        "SELECT * FROM reservation_transitions",
+        f"INSERT INTO reservation_transitions (reservation_id, from_status, to_status, worker) "
+        f"VALUES ({NIL}, 'held', 'expired', 'w')",
+        "SELECT * FROM dead_letters",
+        "UPDATE dead_letters SET status = 'replayed'",
+        "DELETE FROM dead_letters",
+        "SELECT * FROM dead_letter_replays",
+        "SELECT * FROM delivery_crashes",
+        "INSERT INTO delivery_crashes (message_id) VALUES ('m')",
+        "DELETE FROM publish_leases",
+        "TRUNCATE publish_leases",
+        f"UPDATE publish_leases SET reservation_id = {NIL}",
+        "DROP TABLE publish_leases",
+        "ALTER TABLE publish_leases DISABLE TRIGGER ALL",
+        "CREATE TABLE public.intruder (id int)",
+    ],
+    OPERATOR: [
+        "UPDATE reservations SET status = 'expired'",
+        "UPDATE reservations SET updated_at = now()",
+        "DELETE FROM reservations",
+        "SELECT * FROM reservations FOR UPDATE",
+        f"INSERT INTO reservation_transitions (reservation_id, from_status, to_status, worker) "
+        f"VALUES ({NIL}, 'held', 'expired', 'w')",
+        "UPDATE reservation_transitions SET worker = 'x'",
+        "DELETE FROM reservation_transitions",
+        "TRUNCATE reservation_transitions",
+        "DELETE FROM dead_letters",
+        "UPDATE dead_letters SET reason = 'x'",
+        "UPDATE dead_letters SET times_dead = 0",
+        "INSERT INTO dead_letters (message_id, error_class, give_up, reason, attempts, first_seen, "
+        "last_seen, worker) VALUES ('m', 'c', 'g', 'r', 1, now(), now(), 'w')",
+        "UPDATE dead_letter_replays SET outcome = 'x'",
+        "INSERT INTO dead_letter_replays (dead_letter_id, message_id, operator, outcome, db_user) "
+        "SELECT id, message_id, 'o', 'refused', 'someone-else' FROM dead_letters LIMIT 1",
+        "INSERT INTO dead_letter_replays (dead_letter_id, message_id, operator, outcome, at) "
+        "SELECT id, message_id, 'o', 'refused', now() - interval '1 day' FROM dead_letters "
+        "LIMIT 1",
+        "DELETE FROM dead_letter_replays",
+        "TRUNCATE dead_letter_replays",
+        "UPDATE publish_leases SET lease_until = now()",
+        "SELECT * FROM delivery_crashes",
+        "DROP TABLE dead_letters",
+        "ALTER TABLE dead_letter_replays DISABLE TRIGGER dead_letter_replays_append_only",
+        "CREATE TABLE public.intruder (id int)",
+    ],
+}
+
+
+@pytest.mark.parametrize("role", RUNTIME_ROLES)
+async def test_each_role_is_refused_everything_its_job_does_not_need(
+    stack: Stack, role: str
+) -> None:
+    """Every statement outside a role's job is refused with InsufficientPrivilegeError."""
+    allowed: list[str] = []
+    async with connected_as(stack.database_url, role) as conn:
+        for statement in CANNOT[role]:
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                await conn.execute(statement)
+                allowed.append(statement)
+            except asyncpg.InsufficientPrivilegeError:
+                pass
+            finally:
+                await transaction.rollback()
+    assert allowed == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "TRUNCATE reservation_transitions",
+        "TRUNCATE dead_letter_replays",
+        "TRUNCATE reservations CASCADE",
+        "TRUNCATE dead_letters CASCADE",
+    ],
+)
+async def test_nobody_truncates_the_audit_tables_not_even_their_owner(
+    stack: Stack, statement: str
+) -> None:
+    """The owner (here a superuser) is refused TRUNCATE of an audit table, cascading or not."""
+    await insert_holds(stack.database_url, 1)
+    async with pg_connection(stack.database_url) as conn:
+        with pytest.raises(asyncpg.RaiseError, match="is append-only"):
+            await conn.execute(statement)
+
+
+GRANTS_OF = """
+SELECT grantee::regrole::text AS role, c.relname AS object, NULL AS col, a.privilege_type AS p
+  FROM pg_class c, aclexplode(c.relacl) a
+ WHERE c.relnamespace = 'public'::regnamespace AND a.grantee <> c.relowner
+UNION ALL
+SELECT grantee::regrole::text, c.relname, att.attname, a.privilege_type
+  FROM pg_class c JOIN pg_attribute att ON att.attrelid = c.oid, aclexplode(att.attacl) a
+ WHERE c.relnamespace = 'public'::regnamespace AND a.grantee <> c.relowner
+"""
+EVERY_COLUMN = "*"
+GRANTS = {
+    (CONSUMER, "reservations", "SELECT"): EVERY_COLUMN,
+    (CONSUMER, "reservations", "UPDATE"): "status updated_at",
+    (CONSUMER, "reservation_transitions", "INSERT"): (
+        "reservation_id from_status to_status message_id attempt worker"
+    ),
+    (CONSUMER, "delivery_crashes", "SELECT"): EVERY_COLUMN,
+    (CONSUMER, "delivery_crashes", "INSERT"): EVERY_COLUMN,
+    (CONSUMER, "delivery_crashes", "DELETE"): EVERY_COLUMN,
+    (CONSUMER, "delivery_crashes", "UPDATE"): "handled last_at",
+    (CONSUMER, "dead_letters", "INSERT"): (
+        "message_id reservation_id hold_until error_class give_up reason attempts first_seen "
+        "last_seen worker body_excerpt"
+    ),
+    (CONSUMER, "dead_letters", "SELECT"): (
+        "message_id status times_dead error_class give_up reason attempts first_seen last_seen "
+        "worker"
+    ),
+    (CONSUMER, "dead_letters", "UPDATE"): (
+        "status times_dead error_class give_up reason attempts first_seen last_seen worker "
+        "updated_at"
+    ),
+    (SCAN, "reservations", "SELECT"): EVERY_COLUMN,
+    (SCAN, "reservations", "UPDATE"): "updated_at",
+    (SCAN, "publish_leases", "SELECT"): EVERY_COLUMN,
+    (SCAN, "publish_leases", "INSERT"): EVERY_COLUMN,
+    (SCAN, "publish_leases", "UPDATE"): (
+        "message_id lease_until first_published last_published publish_count"
+    ),
+    (OPERATOR, "reservations", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "reservation_transitions", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "publish_leases", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "dead_letters", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "dead_letters", "UPDATE"): "status updated_at",
+    (OPERATOR, "dead_letter_replays", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "dead_letter_replays", "INSERT"): (
+        "dead_letter_id message_id operator outcome detail os_user client_host"
+    ),
+}
+
+
+async def test_the_grants_are_exactly_the_matrix_and_public_holds_nothing(stack: Stack) -> None:
+    """Only the runtime roles hold privileges (nothing on sequences), exactly these; they own
+    nothing."""
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(GRANTS_OF)
+        owned = await conn.fetch(
+            "SELECT relname FROM pg_class WHERE relowner::regrole::text = ANY($1::text[]) "
+            "UNION ALL SELECT proname FROM pg_proc WHERE proowner::regrole::text = ANY($1::text[])",
+            list(RUNTIME_ROLES),
+        )
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for row in rows:
+        found.setdefault((row["role"], row["object"], row["p"]), set()).add(
+            row["col"] or EVERY_COLUMN
+        )
+    expected = {key: set(columns.split()) for key, columns in GRANTS.items()}
+    assert found == expected  # PUBLIC (role "-") and sequences appear in neither
+    assert owned == []
+
+
+# -- migrating ---------------------------------------------------------------------
+
+
+async def test_a_second_database_migrates_and_migrates_again(endpoints: Endpoints) -> None:
+    """Another database of the cluster migrates with the roles already there; again is a no-op."""
+    async with scratch_database(endpoints) as url:
+        settings = stack_settings(url, endpoints.amqp_url)
+        assert await migrate(settings) == [m.version for m in load_migrations()]
+        assert await migrate(settings) == []
+        [sql] = [m.sql for m in load_migrations() if m.version == ROLES_MIGRATION]
+        await admin(url, sql)  # the file itself is idempotent too
+        async with connected_as(url, OPERATOR) as conn:
+            assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
+
+
+async def test_an_owner_without_superuser_migrates_when_the_roles_exist(
+    endpoints: Endpoints,
+) -> None:
+    """A plain login role that owns the database migrates it (roles pre-created) and owns it all."""
+    owner = f"xr_{RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
+    await admin(endpoints.database_url, f"CREATE ROLE {owner} LOGIN")  # no CREATEROLE
+    async with (
+        throwaway_roles(endpoints, owner),
+        scratch_database(endpoints, owner=owner) as url,
+    ):
+        settings = stack_settings(as_role(url, owner), endpoints.amqp_url)
+        assert await migrate(settings) == [m.version for m in load_migrations()]
+        async with pg_connection(url) as conn:
+            owners = await conn.fetch(
+                "SELECT DISTINCT relowner::regrole::text AS owner FROM pg_class "
+                "WHERE relnamespace = 'public'::regnamespace"
+            )
+        assert [row["owner"] for row in owners] == [owner]
+        async with connected_as(url, SCAN) as conn:
+            assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
+
+
+async def test_a_missing_role_the_owner_may_not_create_fails_with_one_clear_line(
+    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CREATEROLE and without the roles, migrate says to create the roles first."""
+    names = renamed_roles(uuid.uuid4().hex[:6])
+    owner = f"xr_{RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
+    await admin(endpoints.database_url, f"CREATE ROLE {owner} LOGIN")
+    async with (
+        throwaway_roles(endpoints, owner, *names.values()),
+        scratch_database(endpoints, owner=owner) as url,
+    ):
+        settings = stack_settings(as_role(url, owner), endpoints.amqp_url)
+        with (
+            migrations_replaced(monkeypatch, migrations_with(names)),
+            pytest.raises(asyncpg.InsufficientPrivilegeError) as refused,
+        ):
+            await migrate(settings)
+        assert await applied_versions(url) == [m.version for m in before_roles()]
+    [line] = str(refused.value).splitlines()
+    assert f"role {names[CONSUMER]} does not exist and {owner} may not create roles" in line
+    assert "first (postgres/init.sql" in line
+    assert cause_chain(refused.value)[0] == f"InsufficientPrivilegeError: {line}"
+
+
+async def test_two_databases_migrating_at_once_create_each_missing_role_once(
+    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration that waits on another's uncommitted CREATE ROLE succeeds once that commits."""
+    names = renamed_roles(uuid.uuid4().hex[:6])
+    sql = roles_migration(names)
+    async with (
+        throwaway_roles(endpoints, *names.values()),
+        scratch_database(endpoints) as first_url,
+        scratch_database(endpoints) as second_url,
+    ):
+        with migrations_replaced(monkeypatch, before_roles()):
+            for url in (first_url, second_url):
+                await migrate(stack_settings(url, endpoints.amqp_url))
+        async with (
+            pg_connection(first_url) as first,
+            pg_connection(second_url) as second,
+            pg_connection(endpoints.database_url) as watcher,
+        ):
+            leading = first.transaction()
+            await leading.start()
+            await first.execute(sql)  # creates the roles, not committed yet
+            waiting = asyncio.create_task(_in_transaction(second, sql))
+            await eventually(lambda: _waits_on_a_lock(watcher, second.get_server_pid()))
+            await leading.commit()
+            await waiting  # it created nothing, and granted the same
+        for url in (first_url, second_url):
+            async with connected_as(url, names[OPERATOR]) as conn:
+                assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
+        async with pg_connection(endpoints.database_url) as conn:
+            created = await conn.fetch(
+                "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY($1::text[])",
+                list(names.values()),
+            )
+        assert sorted(tuple(row) for row in created) == sorted(
+            (name, True) for name in names.values()
+        )
+
+
+async def _in_transaction(conn: asyncpg.Connection[asyncpg.Record], sql: str) -> None:
+    async with conn.transaction():
+        await conn.execute(sql)
+
+
+async def _waits_on_a_lock(conn: asyncpg.Connection[asyncpg.Record], pid: int) -> bool:
+    """Whether backend ``pid`` waits on a lock (asked outside any transaction, whose view of
+    pg_stat_activity would stay frozen)."""
+    waiting = await conn.fetchval(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+    )
+    return bool(waiting)
+
+
+async def test_init_sql_prepares_the_server_for_an_owner_without_superuser(
+    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """postgres/init.sql makes the roles and the database; migrate runs as the owner; a rerun
+    keeps every role as it is."""
+    psql = shutil.which("psql")
+    if psql is None:
+        missing("psql is not installed")
+    suffix = uuid.uuid4().hex[:6]
+    names = renamed_roles(suffix)
+    names["expiry_owner"] = owner = f"xr_{RUN_ID}_{suffix}_owner"
+    database = f"xr_{RUN_ID}_{suffix}_db"
+    script = re.sub(r"\b(expiry_\w+)\b", lambda m: names.get(m.group(1), m.group(1)), INIT_SQL)
+    script = re.sub(r"\bexpiry\b", database, script)
+    url = with_database(endpoints.database_url, database)
+    try:
+        _run_psql(str(psql), endpoints.database_url, script)
+        await admin(url, f"ALTER ROLE {names[CONSUMER]} PASSWORD 'changed-since'")
+        before = await _passwords(endpoints.database_url, names)
+        _run_psql(str(psql), endpoints.database_url, script)  # again: nothing changes
+        assert await _passwords(endpoints.database_url, names) == before
+        assert set(before) == set(names.values())  # each role has a password
+        with migrations_replaced(monkeypatch, migrations_with(names)):
+            await migrate(stack_settings(as_role(url, owner), endpoints.amqp_url))
+        async with connected_as(url, names[OPERATOR]) as conn:
+            assert await conn.fetchval("SELECT count(*) FROM reservations") == 0
+        async with pg_connection(url) as conn:
+            database_owner = await conn.fetchval(
+                "SELECT datdba::regrole::text FROM pg_database WHERE datname = $1", database
+            )
+            connect = await conn.fetch(
+                "SELECT grantee::regrole::text AS role, privilege_type AS p "
+                "FROM pg_database, aclexplode(datacl) WHERE datname = $1 AND grantee <> datdba",
+                database,
+            )
+        assert database_owner == owner
+        assert sorted(tuple(row) for row in connect) == sorted(
+            (names[role], "CONNECT") for role in RUNTIME_ROLES
+        )  # PUBLIC may neither connect nor create temporary tables
+    finally:
+        await admin(
+            endpoints.database_url,
+            f"DROP DATABASE IF EXISTS {database} WITH (FORCE)",
+            *(f"DROP ROLE IF EXISTS {name}" for name in names.values()),
+        )
+
+
+INIT_SQL = (REPO / "postgres" / "init.sql").read_text(encoding="utf-8")
+
+
+def _run_psql(psql: str, url: str, script: str) -> None:
+    """Run ``script`` with psql as the image's entrypoint does (no psqlrc, stop on error)."""
+    done = subprocess.run(
+        [psql, "--no-psqlrc", "--no-password", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+async def _passwords(url: str, names: dict[str, str]) -> dict[str, str]:
+    """Each of the roles that has a password: its stored hash."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch(
+            "SELECT rolname, rolpassword FROM pg_authid "
+            "WHERE rolname = ANY($1::text[]) AND rolpassword IS NOT NULL",
+            list(names.values()),
+        )
+    return {row["rolname"]: row["rolpassword"] for row in rows}
