@@ -22,7 +22,7 @@ from bench.amqp import Probe
 from bench.config import Options
 from bench.procs import Child, ChildFailed, Processes, Usage
 from bench.raw import Measured
-from service.topology import QUEUE
+from service.core.topology import QUEUE
 
 SCAN_TIMEOUT_SECONDS = 900.0
 STALL_SECONDS = 60.0  # no expiry for this long: the run has failed

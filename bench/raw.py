@@ -24,9 +24,8 @@ from pathlib import Path
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, ExchangeType
 
-from service.db import DueHold
-from service.produce import build_command
-from service.topology import QUEUE, ROUTING_KEY, ArgValue, build_topology
+from service.adapters.amqp.messages import command_for
+from service.core.topology import QUEUE, ROUTING_KEY, ArgValue, build_topology
 
 RAW_EXCHANGE = "bench.raw"
 RAW_QUEUE = "bench.raw"
@@ -55,7 +54,7 @@ def work_queue_arguments() -> dict[str, ArgValue]:
 def commands(count: int) -> list[aio_pika.Message]:
     """``count`` expiration commands as the scan builds them."""
     now = datetime.now(UTC)
-    return [build_command(DueHold(uuid.uuid4(), now)) for _ in range(count)]
+    return [command_for(uuid.uuid4(), now) for _ in range(count)]
 
 
 async def publish(url: str, count: int, window: int) -> Measured:

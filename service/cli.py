@@ -13,10 +13,10 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from service.errors import ConfigError, UsageError
-from service.redaction import redact
+from service.adapters.telemetry import setup_logging
+from service.core.errors import ConfigError, UsageError
+from service.core.redaction import redact
 from service.settings import Settings, load_settings
-from service.telemetry import setup_logging
 
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2

@@ -11,24 +11,24 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from service import broker, db, telemetry
-from service.acks import Acker
-from service.batch import Batcher
+from service.adapters import amqp, lifecycle, postgres
+from service.adapters.amqp.topology import check_topology
+from service.adapters.classify import classify
+from service.adapters.http import HealthServer
+from service.adapters.metrics import Metrics
 from service.cli import run_command
-from service.declare import check_topology
-from service.errors import classify
-from service.handler import Consumer
-from service.health import HealthServer
-from service.metrics import Metrics
-from service.recorder import RECORDER_PREFETCH, Recorder
+from service.core.topology import DEAD_EXCHANGE, DEAD_LOG_QUEUE, QUEUE, RETRY_EXCHANGE
 from service.settings import Settings
-from service.topology import DEAD_EXCHANGE, DEAD_LOG_QUEUE, QUEUE, RETRY_EXCHANGE
+from service.worker.acks import Acker
+from service.worker.batcher import Batcher
+from service.worker.consumer import Consumer
+from service.worker.inflight import InFlight
+from service.worker.recorder import RECORDER_PREFETCH, Recorder
 
 log = logging.getLogger("service.consume")
 
@@ -50,22 +50,19 @@ async def run(
 
     ``backlog_every`` (seconds) refreshes the backlog gauges from the database.
     """
-    pool = await db.create_pool(
-        settings, application_name="expiry-consume", size=settings.db_pool_size
-    )
-    try:
-        connection = await broker.connect(settings, name=f"expiry-consume {settings.worker_id}")
-        try:
-            await _consume(settings, pool, connection, stop, metrics or Metrics(), backlog_every)
-        finally:
-            await connection.close()
-    finally:
-        await pool.close()
+    async with contextlib.AsyncExitStack() as opened:
+        pool = await opened.enter_async_context(
+            lifecycle.database_pool(settings, name="expiry-consume", size=settings.db_pool_size)
+        )
+        connection = await opened.enter_async_context(
+            lifecycle.broker(settings, name=f"expiry-consume {settings.worker_id}")
+        )
+        await _consume(settings, pool, connection, stop, metrics or Metrics(), backlog_every)
 
 
 async def _consume(
     settings: Settings,
-    pool: db.Pool,
+    pool: postgres.Pool,
     connection: AbstractRobustConnection,
     stop: asyncio.Event,
     metrics: Metrics,
@@ -76,10 +73,10 @@ async def _consume(
     await check_topology(connection, settings)
     consume_channel: AbstractChannel = await connection.channel(publisher_confirms=False)
     await consume_channel.set_qos(prefetch_count=settings.prefetch)
-    publish_channel = await broker.open_confirm_channel(connection)
+    publish_channel = await amqp.open_confirm_channel(connection)
     record_channel = await connection.channel(publisher_confirms=False)
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
-    in_flight = broker.InFlight()
+    in_flight = InFlight()
     batcher = (
         Batcher(
             pool,
@@ -137,7 +134,7 @@ CANCEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidSt
 @contextlib.asynccontextmanager
 async def _sidecars(
     settings: Settings,
-    pool: db.Pool,
+    pool: postgres.Pool,
     channel: AbstractChannel,
     stop: asyncio.Event,
     metrics: Metrics,
@@ -169,21 +166,21 @@ async def _sidecars(
             await server.close()
 
 
-async def _database_answers(pool: db.Pool) -> bool:
+async def _database_answers(pool: postgres.Pool) -> bool:
     try:
         async with asyncio.timeout(READINESS_TIMEOUT_SECONDS), pool.acquire() as conn:
-            await db.ping(conn)
+            await postgres.ping(conn)
     except Exception:  # any failure means "not ready", which is the answer
         return False
     return True
 
 
-async def refresh_backlog(pool: db.Pool, metrics: Metrics, every: float) -> None:
+async def refresh_backlog(pool: postgres.Pool, metrics: Metrics, every: float) -> None:
     """Keep the backlog gauges current (observable gauges cannot await the database)."""
     while True:
         try:
             async with pool.acquire() as conn:
-                metrics.backlog = await db.backlog(conn)
+                metrics.backlog = await postgres.backlog(conn)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -192,21 +189,12 @@ async def refresh_backlog(pool: db.Pool, metrics: Metrics, every: float) -> None
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    tracing = telemetry.setup_tracing(settings, "consume")
-    meters = telemetry.setup_metrics(settings, "consume")
-    try:
-        await run(
-            settings,
-            stop,
-            metrics=Metrics(),
-            backlog_every=BACKLOG_REFRESH_SECONDS if meters is not None else None,
-        )
-    finally:
-        telemetry.shutdown(tracing, meters)
+    with (
+        lifecycle.stop_on_signals(asyncio.Event()) as stop,
+        lifecycle.telemetry_for(settings, "consume", metrics=True) as installed,
+    ):
+        backlog_every = BACKLOG_REFRESH_SECONDS if installed.meters is not None else None
+        await run(settings, stop, metrics=Metrics(), backlog_every=backlog_every)
     log.info("consumer.stopped")
     return 0
 

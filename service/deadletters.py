@@ -22,19 +22,19 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
 import asyncpg
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractQueue, DeliveryMode
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractQueue
 
-from service import broker, db
+from service.adapters import amqp, postgres
+from service.adapters.amqp import messages
+from service.adapters.amqp.returns import give_back
 from service.cli import run_command
-from service.domain import command_body
-from service.errors import PublishNotConfirmed, UsageError
-from service.inputs import clean_text
-from service.records import REPLAYED_BY_HEADER, stable_message_id
-from service.returns import give_back
+from service.core.dead_letter import REPLAYED_BY_HEADER, stable_message_id
+from service.core.domain import command_body
+from service.core.errors import PublishNotConfirmed, UsageError
+from service.core.inputs import clean_text
+from service.core.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE, ROUTING_KEY
 from service.settings import OPERATOR_LIMIT, Settings
-from service.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE, ROUTING_KEY
 
 log = logging.getLogger("service.deadletters")
 
@@ -78,9 +78,9 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def list_command(settings: Settings, args: argparse.Namespace) -> int:
-    conn = await db.connect(settings, application_name="expiry-deadletters")
+    conn = await postgres.connect(settings, application_name="expiry-deadletters")
     try:
-        rows = await db.list_dead_letters(
+        rows = await postgres.list_dead_letters(
             conn,
             status=None if args.status == "all" else args.status,
             error_class=args.error_class,
@@ -104,24 +104,24 @@ async def list_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def show_command(settings: Settings, args: argparse.Namespace) -> int:
-    conn = await db.connect(settings, application_name="expiry-deadletters")
+    conn = await postgres.connect(settings, application_name="expiry-deadletters")
     try:
-        row = await db.get_dead_letter(conn, args.id)
+        row = await postgres.get_dead_letter(conn, args.id)
         if row is None:
             print(f"no dead letter {args.id!r} (give a record id or a message id)")
             return 1
         record = dict(row)
         transitions = (
-            [dict(t) for t in await db.transitions_of(conn, row["reservation_id"])]
+            [dict(t) for t in await postgres.transitions_of(conn, row["reservation_id"])]
             if row["reservation_id"]
             else []
         )
         state = (
-            await db.reservation_state(conn, row["reservation_id"])
+            await postgres.reservation_state(conn, row["reservation_id"])
             if row["reservation_id"]
             else None
         )
-        replays = [dict(r) for r in await db.replays_of(conn, row["id"])]
+        replays = [dict(r) for r in await postgres.replays_of(conn, row["id"])]
     finally:
         await conn.close()
     record["reservation_status"] = state[0] if state else None
@@ -160,9 +160,9 @@ class ReplayResult:
     detail: str
 
 
-async def _select(conn: db.Connection, args: argparse.Namespace) -> list[asyncpg.Record]:
+async def _select(conn: postgres.Connection, args: argparse.Namespace) -> list[asyncpg.Record]:
     if args.all:
-        return await db.list_dead_letters(
+        return await postgres.list_dead_letters(
             conn,
             status="dead",
             error_class=args.error_class,
@@ -170,7 +170,7 @@ async def _select(conn: db.Connection, args: argparse.Namespace) -> list[asyncpg
             newer_than=None,
             limit=args.limit,
         )
-    row = await db.get_dead_letter(conn, args.id)
+    row = await postgres.get_dead_letter(conn, args.id)
     if row is None:
         raise UsageError(f"no dead letter {args.id!r} (give a record id or a message id)")
     if row["status"] != "dead":
@@ -178,10 +178,10 @@ async def _select(conn: db.Connection, args: argparse.Namespace) -> list[asyncpg
     return [row]
 
 
-async def _expectation(conn: db.Connection, row: asyncpg.Record) -> str:
+async def _expectation(conn: postgres.Connection, row: asyncpg.Record) -> str:
     if row["reservation_id"] is None:
         return "the body is unusable: it will be dead-lettered again"
-    state = await db.reservation_state(conn, row["reservation_id"])
+    state = await postgres.reservation_state(conn, row["reservation_id"])
     if state is None:
         return "the reservation does not exist: it will be dead-lettered again"
     status, due = state
@@ -192,7 +192,7 @@ async def _expectation(conn: db.Connection, row: asyncpg.Record) -> str:
 
 async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     actor = _actor(args)
-    conn = await db.connect(settings, application_name="expiry-deadletters")
+    conn = await postgres.connect(settings, application_name="expiry-deadletters")
     try:
         rows = await _select(conn, args)
         expectations = {row["id"]: await _expectation(conn, row) for row in rows}
@@ -209,12 +209,12 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     return _report(results, dry_run=args.dry_run)
 
 
-def _actor(args: argparse.Namespace) -> db.Actor:
+def _actor(args: argparse.Namespace) -> postgres.Actor:
     """Who replays: the ``--operator`` name, the OS user and this host."""
     operator = clean_text((args.operator or "").strip(), OPERATOR_LIMIT)
     if not operator:
         raise UsageError("replay needs --operator NAME: every replay is audited with who did it")
-    return db.Actor(operator, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
+    return postgres.Actor(operator, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
 
 
 def _os_user() -> str:
@@ -226,9 +226,9 @@ def _os_user() -> str:
 
 async def _authorise(
     settings: Settings,
-    conn: db.Connection,
+    conn: postgres.Connection,
     args: argparse.Namespace,
-    actor: db.Actor,
+    actor: postgres.Actor,
     rows: list[asyncpg.Record],
 ) -> None:
     """Refuse (audited, for every selected dead letter) a replay not allowed or not confirmed."""
@@ -236,14 +236,14 @@ async def _authorise(
     if why is None:
         return
     for row in rows:
-        await db.record_replay(
+        await postgres.record_replay(
             conn, row["id"], row["message_id"], actor=actor, outcome="refused", detail=why
         )
     log.warning("deadletter.replay_refused", extra={"operator": actor.operator, "reason": why})
     raise UsageError(why)
 
 
-def _refusal(settings: Settings, actor: db.Actor) -> str | None:
+def _refusal(settings: Settings, actor: postgres.Actor) -> str | None:
     if not settings.replay_operators:
         return "nobody may replay: EXPIRY_REPLAY_OPERATORS names no operator"
     if actor.operator not in settings.replay_operators:
@@ -251,7 +251,7 @@ def _refusal(settings: Settings, actor: db.Actor) -> str | None:
     return None
 
 
-async def _unconfirmed(args: argparse.Namespace, actor: db.Actor, count: int) -> str | None:
+async def _unconfirmed(args: argparse.Namespace, actor: postgres.Actor, count: int) -> str | None:
     """``--all`` replays many at once: confirmed at a terminal, or by ``--yes``."""
     if not args.all or args.yes:
         return None
@@ -279,15 +279,15 @@ def _report(results: list[ReplayResult], *, dry_run: bool) -> int:
 
 async def _replay(
     settings: Settings,
-    conn: db.Connection,
+    conn: postgres.Connection,
     rows: list[asyncpg.Record],
-    actor: db.Actor,
+    actor: postgres.Actor,
     expectations: dict[int, str],
 ) -> list[ReplayResult]:
     wanted = {row["message_id"]: row for row in rows}
-    connection = await broker.connect(settings, name=f"expiry-deadletters {actor.operator}")
+    connection = await amqp.connect(settings, name=f"expiry-deadletters {actor.operator}")
     try:
-        publish_channel = await broker.open_confirm_channel(connection)
+        publish_channel = await amqp.open_confirm_channel(connection)
         exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
         dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
         get_channel = await connection.channel(publisher_confirms=False)
@@ -309,10 +309,10 @@ class Replayer:
     def __init__(
         self,
         settings: Settings,
-        conn: db.Connection,
+        conn: postgres.Connection,
         exchange: AbstractExchange,
         dead_exchange: AbstractExchange,
-        actor: db.Actor,
+        actor: postgres.Actor,
         expectations: dict[int, str],
     ) -> None:
         self.settings = settings
@@ -361,16 +361,11 @@ class Replayer:
         *,
         rebuilt: bool = False,
     ) -> ReplayResult:
-        message = aio_pika.Message(
-            body,
-            content_type="application/json",
-            delivery_mode=DeliveryMode.PERSISTENT,
-            message_id=row["message_id"],
-            type="expire",
-            headers={REPLAYED_BY_HEADER: self.actor.operator},
+        message = messages.command(
+            body, row["message_id"], headers={REPLAYED_BY_HEADER: self.actor.operator}
         )
         try:
-            await broker.publish_confirmed(
+            await amqp.publish_confirmed(
                 self.exchange, message, ROUTING_KEY, timeout=self.settings.publish_timeout_seconds
             )
         except PublishNotConfirmed as exc:
@@ -379,7 +374,7 @@ class Replayer:
             return await self._audit(row, "publish-failed", str(exc))
         # Only now, with the copy confirmed, does the dead letter leave its queue.
         if original is not None:
-            await broker.settle(original.ack, row["message_id"])
+            await amqp.settle(original.ack, row["message_id"])
         source = "rebuilt from the record" if rebuilt else "from expirations.dead"
         return await self._audit(row, "republished", f"{source}; {self.expectations[row['id']]}")
 
@@ -393,7 +388,7 @@ class Replayer:
         )
 
     async def _audit(self, row: asyncpg.Record, outcome: str, detail: str) -> ReplayResult:
-        await db.record_replay(
+        await postgres.record_replay(
             self.conn,
             row["id"],
             row["message_id"],

@@ -48,12 +48,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service import db
+from service.adapters import postgres
 from service.cli import run_command
+from service.core.dsn import with_database
+from service.core.topology import DEAD_QUEUE, QUEUE, retry_queue
 from service.declare import declare
-from service.dsn import with_database
 from service.settings import Settings, redact_url
-from service.topology import DEAD_QUEUE, QUEUE, retry_queue
 
 DEFAULT_HOLDS = 3000
 DEFAULT_CONSUMERS = 3
@@ -61,7 +61,7 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 MANAGEMENT_PORT = 15672
 STOP_TIMEOUT_SECONDS = 60.0
 
-Connection = db.PlainConnection
+Connection = postgres.PlainConnection
 
 
 # -- the plan and the sandbox --------------------------------------------------------

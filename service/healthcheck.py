@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from service.cli import positive_seconds, run_command
-from service.dsn import parse_dsn
-from service.redaction import redact
+from service.core.dsn import parse_dsn
+from service.core.redaction import redact
 from service.settings import Settings
 
 DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}

@@ -25,10 +25,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.dsn import ENCODING_HINT, parse_dsn
-from service.errors import ConfigError
-from service.redaction import redact_url as redact_url  # re-exported: other modules import it
-from service.redaction import register_url_secrets
+from service.core.dsn import ENCODING_HINT, parse_dsn
+from service.core.errors import ConfigError
+from service.core.redaction import redact_url as redact_url  # re-exported: other modules import it
+from service.core.redaction import register_url_secrets
 
 _AMQP_SCHEMES = ("amqp", "amqps")
 ENV_PREFIX = "EXPIRY_"

@@ -19,12 +19,12 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
-from service import db
+from service.adapters import postgres
+from service.adapters.metrics import Backlog
 from service.cli import run_command
-from service.metrics import Backlog
-from service.redaction import redact
+from service.core.redaction import redact
+from service.core.topology import build_topology
 from service.settings import Settings
-from service.topology import build_topology
 
 EXIT_BROKEN = 1
 EXIT_OBJECTIVE_MISSED = 3
@@ -98,10 +98,10 @@ def describe(exc: BaseException | None) -> str:
 
 async def read_status(settings: Settings) -> Status:
     """Read the database (required) and the broker (reported if unreachable)."""
-    conn = await db.connect(settings, application_name="expiry-status")
+    conn = await postgres.connect(settings, application_name="expiry-status")
     try:
-        backlog = await db.backlog(conn)
-        dead = await db.dead_letters_by_class(conn)
+        backlog = await postgres.backlog(conn)
+        dead = await postgres.dead_letters_by_class(conn)
     finally:
         await conn.close()
     status = Status(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from service import db
+from service.adapters import postgres
 from service.cli import run_command
 from service.settings import Settings
 
@@ -23,19 +23,19 @@ async def verify(
     settings: Settings, limit: int
 ) -> tuple[dict[str, int], dict[str, list[tuple[str, str]]]]:
     """Totals, and the violations of each check (each list at most ``limit`` long)."""
-    conn = await db.connect(settings, application_name="expiry-verify")
+    conn = await postgres.connect(settings, application_name="expiry-verify")
     try:
         async with conn.transaction(isolation="repeatable_read", readonly=True):
-            await db.prepare_verification(conn)
-            totals = await db.verify_totals(conn)
+            await postgres.prepare_verification(conn)
+            totals = await postgres.verify_totals(conn)
             violations = {
                 name: [
                     (str(rid), fact)
-                    for rid, fact in await db.verify_check(
+                    for rid, fact in await postgres.verify_check(
                         conn, name, limit=limit, scan_interval=settings.scan_interval_seconds
                     )
                 ]
-                for name in db.VERIFY_CHECKS
+                for name in postgres.VERIFY_CHECKS
             }
     finally:
         await conn.close()

@@ -17,8 +17,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from service.adapters.postgres.schema import migrate
 from service.declare import declare
-from service.migrate import migrate
 from tests.support import (
     RUN_ID,
     Endpoints,

@@ -15,8 +15,8 @@ from typing import IO
 
 import pytest
 
-from service.domain import command_body
-from service.migrate import load_migrations
+from service.adapters.postgres.schema import load_migrations
+from service.core.domain import command_body
 from tests.support import (
     Stack,
     drain_queue,

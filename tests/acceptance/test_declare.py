@@ -12,7 +12,7 @@ import asyncio
 import aio_pika
 import pytest
 
-from service.topology import QUEUE
+from service.core.topology import QUEUE
 from tests.acceptance.test_commands import _base_env, run, start, stop
 from tests.acceptance.test_secrets import CLOSED, ENCODED, SHOWN_NEVER
 from tests.support import Stack, eventually, insert_holds, statuses, wait_for_consumers

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service import produce
+from service import scan
 from tests.support import (
     Stack,
     eventually,
@@ -58,7 +58,7 @@ async def test_status_alerts_on_the_age_of_the_oldest_due_hold(stack: Stack) -> 
 
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
         await publish_raw(stack.amqp_url, [b"oops"], message_ids=["poison-s"])
         await eventually(lambda: _expired(stack, 5))
         await eventually(lambda: _dead_recorded(stack))
@@ -91,7 +91,7 @@ async def _run_clean(stack: Stack) -> None:
     await insert_holds(stack.database_url, 5, due_in=3600)
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
         await eventually(lambda: _expired(stack, 50))
 
 
@@ -143,5 +143,5 @@ async def test_verify_catches_a_due_hold_nobody_published(stack: Stack) -> None:
     assert [v[0] for v in json.loads(result.stdout)["violations"]["due-without-live-lease"]] == [
         str(rid)
     ]
-    await produce.scan(stack.settings)  # now it has a live lease
+    await scan.scan_once(stack.settings)  # now it has a live lease
     assert command(stack, "service.verify", EXPIRY_SCAN_INTERVAL_SECONDS="10").returncode == 0

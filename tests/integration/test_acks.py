@@ -12,7 +12,7 @@ import aiormq.exceptions
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from service.acks import Acker
+from service.worker.acks import Acker
 from tests.support import Stack, eventually, queue_depth
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ from uuid import UUID
 
 import pytest
 
-from service import db
-from service.batch import Batcher, BatchFallback
-from service.domain import Outcome, command_body
-from service.errors import UnknownReservation
+from service.adapters import postgres
+from service.core.domain import Outcome, command_body
+from service.core.errors import UnknownReservation
+from service.worker.batcher import Batcher, BatchFallback
 from tests.support import (
     Stack,
     drain_queue,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def batcher(stack: Stack) -> AsyncIterator[Batcher]:
     """A batcher on the test's database: one worker, so each gathering is one batch."""
-    pool = await db.create_pool(stack.settings, application_name="test-batch", size=4)
+    pool = await postgres.create_pool(stack.settings, application_name="test-batch", size=4)
     batcher = Batcher(pool, worker="batch-test", size=50, wait_ms=50, workers=1)
     try:
         yield batcher
@@ -42,7 +42,7 @@ async def batcher(stack: Stack) -> AsyncIterator[Batcher]:
         await pool.close()
 
 
-async def _submit_all(batcher: Batcher, ids: list[UUID]) -> list[db.Expiry | BaseException]:
+async def _submit_all(batcher: Batcher, ids: list[UUID]) -> list[postgres.Expiry | BaseException]:
     return await asyncio.gather(
         *(batcher.submit(rid, f"m-{i}", 1) for i, rid in enumerate(ids)), return_exceptions=True
     )
@@ -52,10 +52,10 @@ async def test_duplicates_in_one_batch_make_one_transition(stack: Stack, batcher
     """The same command three times in one batch: expired once, then already-done twice."""
     ids = await insert_holds(stack.database_url, 5)
     results = await _submit_all(batcher, [ids[0], *ids, ids[0], ids[0]])
-    outcomes = [r.outcome for r in results if isinstance(r, db.Expiry)]
+    outcomes = [r.outcome for r in results if isinstance(r, postgres.Expiry)]
     done = Outcome.ALREADY_DONE
     assert outcomes == [Outcome.EXPIRED, done] + [Outcome.EXPIRED] * 4 + [done, done]
-    assert isinstance(results[0], db.Expiry)
+    assert isinstance(results[0], postgres.Expiry)
     assert results[0].lag_seconds is not None
     transitions = await transitions_per_reservation(stack.database_url)
     assert transitions == dict.fromkeys(ids, 1)
@@ -70,7 +70,7 @@ async def test_consumed_and_future_holds_in_a_batch_of_due_ones(
     async with pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", due[0])
     results = await _submit_all(batcher, [*due, *future])
-    outcomes = [r.outcome for r in results if isinstance(r, db.Expiry)]
+    outcomes = [r.outcome for r in results if isinstance(r, postgres.Expiry)]
     assert outcomes == [Outcome.NOT_ELIGIBLE] + [Outcome.EXPIRED] * 3 + [Outcome.NOT_ELIGIBLE] * 2
     assert await statuses(stack.database_url) == {"consumed": 1, "expired": 3, "held": 2}
 
@@ -82,7 +82,7 @@ async def test_unknown_reservation_fails_only_its_own_delivery(
     ids = await insert_holds(stack.database_url, 3)
     results = await _submit_all(batcher, [ids[0], uuid.uuid4(), ids[1], ids[2]])
     assert isinstance(results[1], UnknownReservation)
-    assert [r.outcome for r in results if isinstance(r, db.Expiry)] == [Outcome.EXPIRED] * 3
+    assert [r.outcome for r in results if isinstance(r, postgres.Expiry)] == [Outcome.EXPIRED] * 3
 
 
 async def test_a_failing_batch_falls_back_to_one_transaction_each(

@@ -11,7 +11,7 @@ from uuid import UUID
 import aio_pika
 import pytest
 
-from service import produce
+from service import scan
 from tests.proxy import tcp_proxy
 from tests.support import (
     Stack,
@@ -71,7 +71,7 @@ async def _dead_letter_one_exhausted_and_one_poison(stack: Stack) -> UUID:
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
             proxy.cut()
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await publish_raw(
                 stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk-1"]
             )

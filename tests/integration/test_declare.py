@@ -14,9 +14,10 @@ import logging
 import aio_pika
 import pytest
 
-from service import produce, topology
+from service import produce, scan
+from service.core import topology
+from service.core.errors import TopologyMismatch
 from service.declare import declare
-from service.errors import TopologyMismatch
 from service.settings import Settings
 from tests.integration.definitions_support import BrokerAdmin
 from tests.support import (
@@ -97,7 +98,7 @@ async def test_scan_and_consumer_declare_nothing_and_name_the_declare_step(
         "declare the topology first: python -m service.declare"
     )
     with pytest.raises(TopologyMismatch) as err:
-        await produce.scan(bare_stack.settings)
+        await scan.scan_once(bare_stack.settings)
     assert str(err.value) == missing
     await _consumer_refuses(bare_stack.settings, missing)
     assert await bare_stack.management.queue_names(bare_stack.vhost) == []
@@ -123,7 +124,7 @@ async def test_drift_found_through_the_management_api_stops_scan_and_consumer(
         r"\(.*x-delivery-limit missing, expected 10; .*x-queue-type"
     )
     with pytest.raises(TopologyMismatch, match=drifted) as err:
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
     assert "\n" not in str(err.value)
     assert "python -m service.declare" in str(err.value)
     await _consumer_refuses(stack.settings, drifted)
@@ -167,7 +168,7 @@ async def test_without_the_management_api_the_consumer_warns_once_and_runs(
     caplog.set_level(logging.INFO)
     settings = stack.settings.model_copy(update={"management_url": CLOSED_PORT_URL})
     ids = await insert_holds(stack.database_url, 3)
-    await produce.scan(settings)
+    await scan.scan_once(settings)
     async with running_consumer(settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
         await eventually(lambda: _all_expired(stack, len(ids)))
@@ -187,7 +188,7 @@ async def test_a_refused_management_login_is_a_warning_that_shows_no_password(
     refused = base.replace("://", f"://nobody:{SECRET}@", 1)
     settings = stack.settings.model_copy(update={"management_url": refused})
     await insert_holds(stack.database_url, 2)
-    assert (await produce.scan(settings)).published == 2
+    assert (await scan.scan_once(settings)).published == 2
     [warning] = _unchecked(caplog)
     assert "HTTP 401" in warning.reason  # type: ignore[attr-defined]
     assert SECRET not in caplog.text
@@ -200,6 +201,6 @@ async def test_a_checked_topology_gives_no_warning(
     """With the management API answering and the topology as declared: no warning."""
     caplog.set_level(logging.INFO)
     await insert_holds(stack.database_url, 1)
-    assert (await produce.scan(stack.settings)).published == 1
+    assert (await scan.scan_once(stack.settings)).published == 1
     assert _unchecked(caplog) == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

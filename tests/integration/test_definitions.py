@@ -27,7 +27,9 @@ import httpx
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from service import deadletters, produce, returns, status, topology
+from service import deadletters, scan, status
+from service.adapters.amqp import returns
+from service.core import topology
 from service.declare import declare
 from service.settings import Settings
 from tests.integration.definitions_support import (
@@ -224,7 +226,7 @@ async def test_scan_and_consumer_run_with_only_their_rights(
     caplog.set_level(logging.INFO)
     stack = shipped.stack
     ids = await insert_holds(stack.database_url, 5)
-    assert (await produce.scan(shipped.settings_of(SCAN_USER))).published == len(ids)
+    assert (await scan.scan_once(shipped.settings_of(SCAN_USER))).published == len(ids)
     async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
         await wait_for_consumers(stack.amqp_url, 1, consumer)
         await eventually(lambda: _all_expired(stack, len(ids)))
@@ -252,7 +254,7 @@ async def test_the_consumer_retries_through_the_delay_queues_with_its_rights(
         async with running_consumer(settings) as consumer:
             await wait_for_consumers(stack.amqp_url, 1, consumer)
             proxy.cut()
-            await produce.scan(shipped.settings_of(SCAN_USER))
+            await scan.scan_once(shipped.settings_of(SCAN_USER))
             await eventually(lambda: _retried(caplog, len(ids)))
             proxy.restore()
             await eventually(lambda: _all_expired(stack, len(ids)), timeout=60)
@@ -346,7 +348,7 @@ async def test_the_consumer_gets_its_consumers_back_after_a_reconnect_without_de
         await eventually(lambda: _closed(stack), timeout=30)  # once the API lists it
         await eventually(lambda: _consumers_back(stack), timeout=60)
         ids = await insert_holds(stack.database_url, 3)
-        await produce.scan(shipped.settings_of(SCAN_USER))
+        await scan.scan_once(shipped.settings_of(SCAN_USER))
         await eventually(lambda: _all_expired(stack, len(ids)))
         assert not consumer.done()
 
@@ -527,7 +529,7 @@ async def test_shipped_config_boots_a_node_that_loads_the_definitions(
 
         await declare(on_node(DEPLOY_USER))
         ids = await insert_holds(stack.database_url, 3)
-        assert (await produce.scan(on_node(SCAN_USER))).published == len(ids)
+        assert (await scan.scan_once(on_node(SCAN_USER))).published == len(ids)
         async with running_consumer(on_node(CONSUMER_USER)):
             await eventually(lambda: _all_expired(stack, len(ids)))
     assert _events(caplog, "topology.arguments_unchecked") == []

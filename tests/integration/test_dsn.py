@@ -7,8 +7,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from service import db, healthcheck
-from service.dsn import parse_dsn
+from service import healthcheck
+from service.adapters import postgres
+from service.core.dsn import parse_dsn
 from tests.support import Endpoints, stack_settings
 
 pytestmark = pytest.mark.integration
@@ -47,7 +48,7 @@ def database_url(request: pytest.FixtureRequest, endpoints: Endpoints) -> str:
 async def test_connect_uses_a_host_that_answers(endpoints: Endpoints, database_url: str) -> None:
     """db.connect gets past a closed first host, honours read-write, and uses sockets."""
     settings = stack_settings(database_url, endpoints.amqp_url)
-    conn = await db.connect(settings, application_name="expiry-test-dsn")
+    conn = await postgres.connect(settings, application_name="expiry-test-dsn")
     try:
         assert await conn.fetchval("SELECT 1") == 1
         assert await conn.fetchval("SELECT pg_is_in_recovery()") is False
@@ -58,7 +59,7 @@ async def test_connect_uses_a_host_that_answers(endpoints: Endpoints, database_u
 async def test_pool_uses_a_host_that_answers(endpoints: Endpoints, database_url: str) -> None:
     """db.create_pool opens its connections the same way."""
     settings = stack_settings(database_url, endpoints.amqp_url)
-    pool = await db.create_pool(settings, application_name="expiry-test-dsn", size=2)
+    pool = await postgres.create_pool(settings, application_name="expiry-test-dsn", size=2)
     try:
         assert await pool.fetchval("SELECT 1") == 1
     finally:

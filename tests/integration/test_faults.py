@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from service import produce
-from service.domain import command_body
+from service import scan
+from service.core.domain import command_body
 from tests.proxy import tcp_proxy
 from tests.support import (
     Stack,
@@ -48,7 +48,7 @@ async def test_database_gone_mid_stream_retries_then_succeeds(
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
             proxy.cut()
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await eventually(lambda: _has_events(caplog, "expiry.retry", 200))
             await asyncio.sleep(2)
             proxy.restore()
@@ -79,7 +79,7 @@ async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: Stack) -> N
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
             proxy.cut()
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
     dead = await drain_queue(stack.amqp_url, "expirations.dead")
     assert {m.message_id for m in dead} == {f"expire:{rid}:" for rid in ids} or {
@@ -120,7 +120,7 @@ async def test_refused_retry_publish_keeps_the_original(stack: Stack) -> None:
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
             proxy.cut()
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await asyncio.sleep(3)
         # The consumer has stopped: every command must be back in a queue, none dead.
         await eventually(lambda: _ready_total_is(stack, 5))
@@ -200,7 +200,7 @@ async def test_consumer_moves_to_another_node_when_its_node_goes_away(
             await eventually(lambda: _true(second.accepted >= 1), timeout=30)
             await wait_for_consumers(stack.amqp_url, 1, task)
             await insert_holds(stack.database_url, 20)
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await eventually(lambda: _all_expired(stack, 20), timeout=30)
     assert [r for r in caplog.records if r.msg == "broker.next_node"]
 

@@ -23,10 +23,10 @@ import aio_pika
 import pytest
 from pamqp import commands
 
-from service import deadletters, produce
-from service.domain import command_body
-from service.handler import REFUSAL_LIMIT
-from service.returns import REFRESH_AT
+from service import deadletters, scan
+from service.adapters.amqp.returns import REFRESH_AT
+from service.core.domain import command_body
+from service.worker.consumer import REFUSAL_LIMIT
 from tests.proxy import tcp_proxy
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
 from tests.support import (
@@ -235,7 +235,7 @@ async def test_hostile_messages_to_the_work_queue_are_settled(stack: Stack) -> N
         await wait_for_consumers(stack.amqp_url, 1, task)
         await _publish(stack, "expirations", "expire", commands_ + poison + unknown)
         await publish_raw_frames(stack.amqp_url, "expirations", "expire", raw)
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
         expected_dead = len(poison) + len(unknown) + len(raw)
         await eventually(lambda: _count_is(stack, expected_dead), timeout=60)
         await eventually(lambda: _all_expired(stack, len(hostile_ids) + len(ordinary)))
@@ -416,16 +416,16 @@ async def test_an_unexpected_failure_still_settles_and_records(
     """A bug anywhere in a delivery's handling (here: reading its headers, and publishing
     its dead-letter copy) never leaves it unsettled: it is handled as a first attempt, or
     rejected so that the broker dead-letters it, and then recorded."""
-    from service import handler
+    from service.worker import consumer
 
-    def broken_read(*_args: object) -> handler.Attempt:
+    def broken_read(*_args: object) -> consumer.Attempt:
         raise RuntimeError("a bug in read_attempt")
 
     async def broken_copy(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("a bug in publish_copy")
 
-    monkeypatch.setattr(handler, "read_attempt", broken_read)
-    monkeypatch.setattr(handler.Consumer, "publish_copy", broken_copy)
+    monkeypatch.setattr(consumer, "read_attempt", broken_read)
+    monkeypatch.setattr(consumer.Consumer, "publish_copy", broken_copy)
     [rid] = await insert_holds(stack.database_url, 1)
     now = datetime.datetime.now(datetime.UTC)
     async with running_consumer(stack.settings) as task:

@@ -13,9 +13,9 @@ from uuid import UUID
 import aio_pika
 import pytest
 
-from service import produce
-from service.domain import command_body, message_id
-from service.errors import PublishNotConfirmed, TopologyMismatch
+from service import scan
+from service.core.domain import command_body, message_id
+from service.core.errors import PublishNotConfirmed, TopologyMismatch
 from tests.support import (
     Stack,
     drain_queue,
@@ -54,7 +54,7 @@ async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> 
             "UPDATE reservations SET status = 'consumed' WHERE id = ANY($1::uuid[])", consumed
         )
 
-    result = await produce.scan(stack.settings)
+    result = await scan.scan_once(stack.settings)
 
     assert (result.published, result.failed) == (30, 0)
     messages = await drain_queue(stack.amqp_url, "expirations")
@@ -78,15 +78,15 @@ async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> 
 async def test_scan_skips_live_leases_and_republishes_lapsed_ones(stack: Stack) -> None:
     """A second scan publishes nothing in flight; once the lease lapses, it publishes again."""
     ids = await insert_holds(stack.database_url, 20)
-    assert (await produce.scan(stack.settings)).published == 20
-    assert (await produce.scan(stack.settings)).published == 0
+    assert (await scan.scan_once(stack.settings)).published == 20
+    assert (await scan.scan_once(stack.settings)).published == 0
     async with pg_connection(stack.database_url) as conn:
         await conn.execute(
             "UPDATE publish_leases SET lease_until = now() - interval '1 second' "
             "WHERE reservation_id = ANY($1::uuid[])",
             ids[:5],
         )
-        assert (await produce.scan(stack.settings)).published == 5
+        assert (await scan.scan_once(stack.settings)).published == 5
         counts = await conn.fetch("SELECT publish_count FROM publish_leases ORDER BY 1")
     assert Counter(r["publish_count"] for r in counts) == {1: 15, 2: 5}
     assert await queue_depth(stack.amqp_url, "expirations") == 25
@@ -98,7 +98,7 @@ async def test_pipeline_expires_each_due_hold_exactly_once(stack: Stack) -> None
     future = await insert_holds(stack.database_url, 50, due_in=3600)
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
         await eventually(lambda: _expired_count_is(stack, len(due)))
     transitions = await transitions_per_reservation(stack.database_url)
     assert set(transitions) == set(due)
@@ -272,7 +272,7 @@ async def test_topology_drift_is_refused_with_one_clear_line(stack: Stack) -> No
         await channel.queue_delete("expirations")
         await channel.declare_queue("expirations", durable=True)
     with pytest.raises(TopologyMismatch, match="queue 'expirations' exists on the broker"):
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
     with pytest.raises(TopologyMismatch, match="queue 'expirations'"):
         async with running_consumer(stack.settings) as task:
             await task
@@ -283,7 +283,7 @@ async def test_scan_with_the_broker_down_records_nothing(stack: Stack) -> None:
     await insert_holds(stack.database_url, 10)
     down = stack.settings.model_copy(update={"amqp_url": ("amqp://guest:guest@127.0.0.1:1/",)})
     with pytest.raises(ConnectionError):
-        await produce.scan(down)
+        await scan.scan_once(down)
     async with pg_connection(stack.database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
 
@@ -292,7 +292,7 @@ async def test_two_scans_at_once_split_the_work(stack: Stack) -> None:
     """Overlapping scans both succeed; every due hold is published, with few duplicates."""
     await insert_holds(stack.database_url, 3000)
     settings = stack.settings.model_copy(update={"scan_batch_size": 200})
-    first, second = await asyncio.gather(produce.scan(settings), produce.scan(settings))
+    first, second = await asyncio.gather(scan.scan_once(settings), scan.scan_once(settings))
     total = first.published + second.published
     assert total >= 3000
     assert total - 3000 <= 2 * settings.scan_batch_size, (first, second)
@@ -305,16 +305,16 @@ async def test_two_scans_at_once_split_the_work(stack: Stack) -> None:
 async def test_due_is_decided_by_the_database_clock(stack: Stack) -> None:
     """A hold due in two seconds by the database's clock is published only after that."""
     await insert_holds(stack.database_url, 5, due_in=2.0)
-    assert (await produce.scan(stack.settings)).published == 0
+    assert (await scan.scan_once(stack.settings)).published == 0
     await asyncio.sleep(2.2)
-    assert (await produce.scan(stack.settings)).published == 5
+    assert (await scan.scan_once(stack.settings)).published == 5
 
 
 async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stack: Stack) -> None:
     """The broker refuses the work queue's publishes: the scan fails, its claims lapse at once,
     and the next scan publishes the same message ids."""
     await insert_holds(stack.database_url, 5)
-    await produce.scan(stack.settings)  # declares, and leaves the queue over the limit below
+    await scan.scan_once(stack.settings)  # declares, and leaves the queue over the limit below
     async with pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE publish_leases SET lease_until = now()")
     await stack.management.set_policy(
@@ -328,7 +328,7 @@ async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stac
     )
     await eventually(lambda: _refuses(stack))
     with pytest.raises(PublishNotConfirmed):
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
     async with pg_connection(stack.database_url) as conn:
         live = await conn.fetchval("SELECT count(*) FROM publish_leases WHERE lease_until > now()")
     assert live == 0
@@ -336,7 +336,7 @@ async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stac
     await drain_queue(stack.amqp_url, "expirations")
     async with pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE publish_leases SET lease_until = now()")
-    assert (await produce.scan(stack.settings)).published == 5
+    assert (await scan.scan_once(stack.settings)).published == 5
     ids = {m.message_id for m in await drain_queue(stack.amqp_url, "expirations")}
     assert len(ids) == 5
 

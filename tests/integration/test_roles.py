@@ -29,12 +29,13 @@ import asyncpg
 import httpx
 import pytest
 
-from service import db, produce
+from service import scan
+from service.adapters import postgres
+from service.adapters.metrics import Metrics
+from service.adapters.postgres.schema import Migration, load_migrations, migrate
 from service.cli import cause_chain
-from service.domain import Outcome, command_body, message_id
-from service.metrics import Metrics
-from service.migrate import Migration, load_migrations, migrate
-from service.records import DeadLetterRecord
+from service.core.dead_letter import DeadLetterRecord
+from service.core.domain import Outcome, command_body, message_id
 from service.settings import Settings
 from tests.support import (
     RUN_ID,
@@ -167,7 +168,7 @@ def before_roles() -> list[Migration]:
 def migrations_replaced(monkeypatch: pytest.MonkeyPatch, chosen: list[Migration]) -> Iterator[None]:
     """``migrate()`` applies ``chosen`` instead of the shipped migrations."""
     with monkeypatch.context() as patch:
-        patch.setattr("service.migrate.load_migrations", lambda: chosen)
+        patch.setattr("service.adapters.postgres.schema.load_migrations", lambda: chosen)
         yield
 
 
@@ -203,8 +204,8 @@ async def test_the_scan_claims_publishes_and_records_leases_as_expiry_scan(stack
     due = await insert_holds(stack.database_url, 30)
     await insert_holds(stack.database_url, 5, due_in=3600)
     settings = role_settings(stack, SCAN, scan_batch_size=7)  # several pages, pipelined
-    assert (await produce.scan(settings)).published == 30
-    assert (await produce.scan(settings)).published == 0  # every lease is live
+    assert (await scan.scan_once(settings)).published == 30
+    assert (await scan.scan_once(settings)).published == 0  # every lease is live
     assert await queue_depth(stack.amqp_url, "expirations") == 30
     async with pg_connection(stack.database_url) as conn:
         leases = await conn.fetch("SELECT reservation_id, publish_count FROM publish_leases")
@@ -223,7 +224,7 @@ async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
     settings = role_settings(stack, CONSUMER, http_port=port)
     async with running_consumer(settings, metrics=Metrics(), backlog_every=0.2) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        assert (await produce.scan(role_settings(stack, SCAN))).published == len(due)
+        assert (await scan.scan_once(role_settings(stack, SCAN))).published == len(due)
         await publish_raw(stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk"])
         await eventually(lambda: _expired_and_recorded(stack, len(due), ["junk"]))
         async with httpx.AsyncClient() as client:
@@ -258,7 +259,7 @@ async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
     deadline = datetime(2020, 1, 1, tzinfo=UTC)
     async with running_consumer(role_settings(stack, CONSUMER)) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        assert (await produce.scan(role_settings(stack, SCAN))).published == 1
+        assert (await scan.scan_once(role_settings(stack, SCAN))).published == 1
         await publish_raw(
             stack.amqp_url,
             [b"<html>not a command</html>", command_body(unknown, deadline)],
@@ -313,9 +314,9 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
     first, second, third = await insert_holds(stack.database_url, 3)
     [future] = await insert_holds(stack.database_url, 1, due_in=3600)
     async with connected_as(stack.database_url, CONSUMER) as conn:
-        await db.ping(conn)
-        assert (await db.backlog(conn)).total == 3
-        expire = db.expire_reservation
+        await postgres.ping(conn)
+        assert (await postgres.backlog(conn)).total == 3
+        expire = postgres.expire_reservation
         assert (await expire(conn, first, message_id="m1", attempt=1, worker="w")).outcome == (
             Outcome.EXPIRED
         )
@@ -325,7 +326,7 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
         assert (await expire(conn, future, message_id="m4", attempt=1, worker="w")).outcome == (
             Outcome.NOT_ELIGIBLE
         )
-        batch = await db.expire_batch(
+        batch = await postgres.expire_batch(
             conn, [first, second, third], ["m1", "m2", "m3"], [3, 1, 1], worker="w"
         )
         assert {rid: row.won for rid, row in batch.items()} == {
@@ -333,14 +334,18 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
             second: True,
             third: True,
         }
-        assert await db.reservation_state(conn, second) == ("expired", True)
-        assert await db.mark_handling(conn, "m5") == 1
-        assert await db.mark_handling(conn, "m5") == 2  # the upsert's update path
-        await db.clear_handling(conn, "m5")
+        assert await postgres.reservation_state(conn, second) == ("expired", True)
+        assert await postgres.mark_handling(conn, "m5") == 1
+        assert await postgres.mark_handling(conn, "m5") == 2  # the upsert's update path
+        await postgres.clear_handling(conn, "m5")
         now = datetime.now(UTC)
-        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now))
-        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now))  # the same: no-op
-        await db.record_dead_letter(conn, dead_letter("junk", last_seen=now + timedelta(seconds=1)))
+        await postgres.record_dead_letter(conn, dead_letter("junk", last_seen=now))
+        await postgres.record_dead_letter(
+            conn, dead_letter("junk", last_seen=now)
+        )  # the same: no-op
+        await postgres.record_dead_letter(
+            conn, dead_letter("junk", last_seen=now + timedelta(seconds=1))
+        )
     async with pg_connection(stack.database_url) as conn:
         times_dead = await conn.fetchval("SELECT times_dead FROM dead_letters")
         crashes = await conn.fetchval("SELECT count(*) FROM delivery_crashes")
@@ -355,17 +360,19 @@ async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: Stack) -> 
     ids = await insert_holds(stack.database_url, 4)
     messages = [f"m{n}" for n in range(4)]
     async with connected_as(stack.database_url, SCAN) as conn:
-        until = await db.db_now(conn)
-        start = (db.EPOCH_START, db.NIL_UUID)
+        until = await postgres.db_now(conn)
+        start = (postgres.EPOCH_START, postgres.NIL_UUID)
         async with conn.transaction():
-            page = await db.claim_due(conn, until=until, after=start, limit=10)
-            claimed = await db.claim_leases(conn, ids, messages, claim_seconds=5)
+            page = await postgres.claim_due(conn, until=until, after=start, limit=10)
+            claimed = await postgres.claim_leases(conn, ids, messages, claim_seconds=5)
         assert {hold.id for hold in page} == claimed == set(ids)
-        await db.record_leases(conn, ids[:2], lease_seconds=300)
-        await db.release_claims(conn, ids[2:])
+        await postgres.record_leases(conn, ids[:2], lease_seconds=300)
+        await postgres.release_claims(conn, ids[2:])
         async with conn.transaction():  # the released claims are taken over
-            page = await db.claim_due(conn, until=await db.db_now(conn), after=start, limit=10)
-            claimed = await db.claim_leases(conn, ids, messages, claim_seconds=5)
+            page = await postgres.claim_due(
+                conn, until=await postgres.db_now(conn), after=start, limit=10
+            )
+            claimed = await postgres.claim_leases(conn, ids, messages, claim_seconds=5)
         assert {hold.id for hold in page} == claimed == set(ids[2:])
 
 
@@ -373,35 +380,35 @@ async def test_every_statement_of_the_operator_runs_as_expiry_operator(stack: St
     """Listing, showing, auditing replays, status and verify's queries run as the operator."""
     [rid] = await insert_holds(stack.database_url, 1)
     async with connected_as(stack.database_url, CONSUMER) as conn:
-        await db.expire_reservation(conn, rid, message_id="m1", attempt=1, worker="w")
-        await db.record_dead_letter(conn, dead_letter("junk", last_seen=datetime.now(UTC)))
-    actor = db.Actor("alice", "os-user", "host")
+        await postgres.expire_reservation(conn, rid, message_id="m1", attempt=1, worker="w")
+        await postgres.record_dead_letter(conn, dead_letter("junk", last_seen=datetime.now(UTC)))
+    actor = postgres.Actor("alice", "os-user", "host")
     async with connected_as(stack.database_url, OPERATOR) as conn:
-        [row] = await db.list_dead_letters(
+        [row] = await postgres.list_dead_letters(
             conn, status="dead", error_class=None, older_than=None, newer_than=60, limit=10
         )
-        assert await db.get_dead_letter(conn, "junk") == row
-        assert await db.dead_letters_by_class(conn) == {"poison.not-json": 1}
-        assert len(await db.transitions_of(conn, rid)) == 1
-        assert await db.reservation_state(conn, rid) == ("expired", True)
+        assert await postgres.get_dead_letter(conn, "junk") == row
+        assert await postgres.dead_letters_by_class(conn) == {"poison.not-json": 1}
+        assert len(await postgres.transitions_of(conn, rid)) == 1
+        assert await postgres.reservation_state(conn, rid) == ("expired", True)
         for outcome in ("refused", "republished"):
-            await db.record_replay(
+            await postgres.record_replay(
                 conn, row["id"], "junk", actor=actor, outcome=outcome, detail="test"
             )
-        replays = await db.replays_of(conn, row["id"])
+        replays = await postgres.replays_of(conn, row["id"])
         assert [(r["outcome"], r["db_user"]) for r in replays] == [
             ("refused", OPERATOR),
             ("republished", OPERATOR),
         ]
-        replayed = await db.get_dead_letter(conn, "junk")
+        replayed = await postgres.get_dead_letter(conn, "junk")
         assert replayed is not None
         assert replayed["status"] == "replayed"
-        assert (await db.backlog(conn)).total == 0
+        assert (await postgres.backlog(conn)).total == 0
         async with conn.transaction(isolation="repeatable_read", readonly=True):
-            await db.prepare_verification(conn)
-            assert (await db.verify_totals(conn))["expired"] == 1
-            for name in db.VERIFY_CHECKS:
-                assert await db.verify_check(conn, name, limit=10, scan_interval=5) == []
+            await postgres.prepare_verification(conn)
+            assert (await postgres.verify_totals(conn))["expired"] == 1
+            for name in postgres.VERIFY_CHECKS:
+                assert await postgres.verify_check(conn, name, limit=10, scan_interval=5) == []
 
 
 # -- and no more ----------------------------------------------------------------------

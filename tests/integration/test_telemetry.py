@@ -16,9 +16,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from service import produce, telemetry
-from service.domain import command_body
-from service.metrics import Metrics
+from service import scan
+from service.adapters import telemetry
+from service.adapters.metrics import Metrics
+from service.core.domain import command_body
 from tests.proxy import tcp_proxy
 from tests.support import (
     Stack,
@@ -74,7 +75,7 @@ async def test_one_trace_links_the_scan_the_consumer_and_the_database(
     [rid] = await insert_holds(stack.database_url, 1)
     async with running_consumer(stack.settings) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await produce.scan(stack.settings)
+        await scan.scan_once(stack.settings)
         await eventually(lambda: _expired(stack, 1))
     finished = spans.get_finished_spans()
     index = _by_id(finished)
@@ -111,7 +112,7 @@ async def test_a_retry_stays_in_the_same_trace(stack: Stack, spans: InMemorySpan
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
             proxy.cut()
-            await produce.scan(stack.settings)
+            await scan.scan_once(stack.settings)
             await eventually(lambda: _has_span(spans, "expirations.retry"))
             proxy.restore()
             await eventually(lambda: _expired(stack, 1), timeout=30)
@@ -203,8 +204,8 @@ async def test_metrics_follow_a_small_run(stack: Stack) -> None:
         before = _points(reader)
         assert _value(before, "expiry.oldest_due_age") is not None
         assert _value(before, "expiry.backlog", age="10s_1m") == 5
-        await produce.scan(stack.settings)
-        await produce.scan(stack.settings.model_copy(update={"lease_seconds": 1}))
+        await scan.scan_once(stack.settings)
+        await scan.scan_once(stack.settings.model_copy(update={"lease_seconds": 1}))
         await eventually(lambda: _expired(stack, 5))
         await publish_raw(stack.amqp_url, [b"not json"], message_ids=["poison-m"])
         await eventually(lambda: _true(_value(_points(reader), "expiry.dead_letters") == 1))

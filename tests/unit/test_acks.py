@@ -1,8 +1,8 @@
-"""Unit tests for service.acks.AckWindow: a multiple-ack never covers an unsettled delivery."""
+"""Unit tests for service.worker.acks: a multiple-ack never covers an unsettled delivery."""
 
 from __future__ import annotations
 
-from service.acks import AckWindow
+from service.worker.acks import AckWindow
 
 
 def window(ready: tuple[int, ...] = (), settled: tuple[int, ...] = (), floor: int = 0) -> AckWindow:

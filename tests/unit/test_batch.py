@@ -1,4 +1,4 @@
-"""Unit tests for service.batch.settle_items: one outcome per delivery of a batch."""
+"""Unit tests for service.worker.batcher.settle_items: one outcome per delivery of a batch."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import uuid
 import pytest
 from opentelemetry import trace
 
-from service.batch import BatchFallback, Item, settle_items
-from service.db import BatchRow, Expiry
-from service.domain import Outcome, duplicate_outcome
-from service.errors import UnknownReservation
+from service.adapters.postgres import BatchRow, Expiry
+from service.core.domain import Outcome, duplicate_outcome
+from service.core.errors import UnknownReservation
+from service.worker.batcher import BatchFallback, Item, settle_items
 
 
 def _item(rid: uuid.UUID) -> Item:

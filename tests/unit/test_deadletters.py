@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service import db, deadletters
+from service import deadletters
+from service.adapters import postgres
 from service.deadletters import render_table
 from service.settings import Settings
 
@@ -55,14 +56,14 @@ async def test_replay_all_is_confirmed_at_a_terminal_or_by_yes(
     monkeypatch.setattr(sys.stdin, "isatty", lambda: tty)
     monkeypatch.setattr("builtins.input", fake_input)
     args = argparse.Namespace(all=True, yes=yes)
-    actor = db.Actor("alice", "root", "host")
+    actor = postgres.Actor("alice", "root", "host")
     assert await deadletters._unconfirmed(args, actor, 3) == refused
     assert asked == (["replay 3 dead letter(s) as alice? [y/N] "] if answer is not None else [])
 
 
 def test_only_listed_operators_may_replay() -> None:
     """No list refuses everyone; a list refuses anyone not on it."""
-    actor = db.Actor("mallory", "root", "host")
+    actor = postgres.Actor("mallory", "root", "host")
     assert "nobody may replay" in str(deadletters._refusal(Settings(), actor))
     allowed = Settings(replay_operators=("alice", "mallory"))
     assert deadletters._refusal(allowed, actor) is None

@@ -1,4 +1,4 @@
-"""Unit tests for service.domain: command parsing, message ids, outcomes."""
+"""Unit tests for service.core.domain: command parsing, message ids, outcomes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from uuid import UUID
 
 import pytest
 
-from service.domain import (
+from service.core.domain import (
     POISON_BAD_UUID,
     POISON_NOT_JSON,
     POISON_SCHEMA,
@@ -19,7 +19,7 @@ from service.domain import (
     outcome_of,
     parse_command,
 )
-from service.errors import ConcurrentUpdate, PoisonMessage, UnknownReservation
+from service.core.errors import ConcurrentUpdate, PoisonMessage, UnknownReservation
 
 RID = UUID("6f1c2a8e-1d2b-4c3a-9e8f-0a1b2c3d4e5f")
 

@@ -1,10 +1,10 @@
-"""Unit tests for service.dsn: every URL form asyncpg accepts, and no URL in an error."""
+"""Unit tests for service.core.dsn: every URL form asyncpg accepts, and no URL in an error."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.dsn import DEFAULT_HOSTS, DsnError, Host, parse_dsn, with_database
+from service.core.dsn import DEFAULT_HOSTS, DsnError, Host, parse_dsn, with_database
 
 SOCKETS = "/var/run/postgresql"
 

@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of service.handler, and broker.settle."""
+"""Unit tests for the pure parts of service.worker.consumer, and broker.settle."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 
-from service.broker import settle
-from service.errors import PoisonMessage
-from service.handler import read_attempt, short_reason
+from service.adapters.amqp.connection import settle
+from service.core.errors import PoisonMessage
+from service.worker.consumer import read_attempt, short_reason
 
 
 class FakeMessage:

@@ -24,23 +24,24 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagate import get_global_textmap
 from pamqp import encode
 
-from service import inputs, records, wire
-from service.domain import ExpireCommand, parse_command
-from service.errors import PoisonMessage
-from service.handler import read_attempt
-from service.propagation import SafePropagator
+from service.adapters.amqp import wire
+from service.adapters.propagation import SafePropagator
+from service.core import dead_letter, inputs
+from service.core.domain import ExpireCommand, parse_command
+from service.core.errors import PoisonMessage
+from service.worker.consumer import read_attempt
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 NOW_MS = round(NOW.timestamp() * 1000)
 
 OUR_HEADERS = [
-    records.ATTEMPT_HEADER,
-    records.FIRST_SEEN_HEADER,
-    records.LAST_SEEN_HEADER,
-    records.ERROR_CLASS_HEADER,
-    records.REASON_HEADER,
-    records.GIVE_UP_HEADER,
-    records.WORKER_HEADER,
+    dead_letter.ATTEMPT_HEADER,
+    dead_letter.FIRST_SEEN_HEADER,
+    dead_letter.LAST_SEEN_HEADER,
+    dead_letter.ERROR_CLASS_HEADER,
+    dead_letter.REASON_HEADER,
+    dead_letter.GIVE_UP_HEADER,
+    dead_letter.WORKER_HEADER,
     "x-delivery-count",
     "x-death",
     "traceparent",
@@ -100,8 +101,8 @@ HEADERS = st.one_of(
     ),
     st.fixed_dictionaries({"x-death": DEATHS}, optional={"x-delivery-count": FIELDS}),
     st.fixed_dictionaries(
-        {records.GIVE_UP_HEADER: FIELDS},
-        optional={name: FIELDS for name in OUR_HEADERS if name != records.GIVE_UP_HEADER},
+        {dead_letter.GIVE_UP_HEADER: FIELDS},
+        optional={name: FIELDS for name in OUR_HEADERS if name != dead_letter.GIVE_UP_HEADER},
     ),
 )
 BODIES = st.one_of(
@@ -164,7 +165,7 @@ def test_text_readers_give_short_printable_text(value: object, limit: int) -> No
 def test_message_ids_are_clean_stable_and_never_empty(message_id: object, body: bytes) -> None:
     """A message id is printable, at most 255 characters, non-empty and the same each time."""
     first = inputs.message_id_of(message_id, body)
-    assert first == records.stable_message_id(message_id, body)
+    assert first == dead_letter.stable_message_id(message_id, body)
     assert _clean(first, inputs.MESSAGE_ID_LIMIT)
     assert first.strip()
 
@@ -193,12 +194,12 @@ def test_read_attempt_never_raises_and_stays_in_bounds(
     assert _clean(attempt.message_id, inputs.MESSAGE_ID_LIMIT)
 
 
-def _storable(record: records.DeadLetterRecord) -> None:
+def _storable(record: dead_letter.DeadLetterRecord) -> None:
     """Every field fits its column: clean bounded text, bounded numbers and times."""
     for text, limit in (
         (record.message_id, inputs.MESSAGE_ID_LIMIT),
-        (record.error_class, records.NAME_LIMIT),
-        (record.give_up, records.NAME_LIMIT),
+        (record.error_class, dead_letter.NAME_LIMIT),
+        (record.give_up, dead_letter.NAME_LIMIT),
         (record.reason, inputs.TEXT_LIMIT),
         (record.worker, inputs.TEXT_LIMIT),
     ):
@@ -206,7 +207,7 @@ def _storable(record: records.DeadLetterRecord) -> None:
         assert _clean(text, limit), (text, limit)
     if record.body_excerpt is not None:
         assert record.body_excerpt.isprintable()
-        assert len(record.body_excerpt) <= records.EXCERPT_BYTES + 40
+        assert len(record.body_excerpt) <= dead_letter.EXCERPT_BYTES + 40
     assert 1 <= record.attempts <= inputs.MAX_ATTEMPT
     window = timedelta(milliseconds=inputs.PAST_WINDOW_MS)
     ahead = timedelta(milliseconds=inputs.FUTURE_WINDOW_MS)
@@ -221,21 +222,21 @@ def test_any_dead_letter_gives_a_storable_record(
     headers: object, body: bytes, message_id: object
 ) -> None:
     """build_record never raises, and what it builds (and its reduced form) fits the table."""
-    record = records.build_record(headers, body, message_id, NOW)
+    record = dead_letter.build_record(headers, body, message_id, NOW)
     _storable(record)
-    reduced = records.reduced_record(record, "CharacterNotInRepertoireError")
+    reduced = dead_letter.reduced_record(record, "CharacterNotInRepertoireError")
     _storable(reduced)
     assert reduced.reservation_id is None
     assert reduced.body_excerpt is None
     assert reduced.reason.startswith("record reduced")
-    _storable(records.unreadable_record(message_id, body, NOW, "ValueError"))
+    _storable(dead_letter.unreadable_record(message_id, body, NOW, "ValueError"))
 
 
 @settings(max_examples=500)
 @given(body=BODIES)
 def test_excerpts_show_no_letters_or_digits_of_any_script(body: bytes) -> None:
     """The masked excerpt of a body keeps its shape but no letter or digit, and no control."""
-    excerpt = inputs.mask_excerpt(body, records.EXCERPT_BYTES)
+    excerpt = inputs.mask_excerpt(body, dead_letter.EXCERPT_BYTES)
     shown = excerpt.rsplit(" (", 1)[0].removesuffix("...")
     assert not any(char.isalnum() and char not in "x9" for char in shown)
     assert excerpt.isprintable()
@@ -274,12 +275,12 @@ def test_the_issue_headers_are_read_as_absent() -> None:
     )
     attempt = read_attempt(message, NOW_MS)
     assert (attempt.number, attempt.first_seen_ms) == (1, NOW_MS)
-    record = records.build_record(
+    record = dead_letter.build_record(
         {
-            records.GIVE_UP_HEADER: "attempts-exhausted",
-            records.ATTEMPT_HEADER: 4611686018427387904,
-            records.FIRST_SEEN_HEADER: -1000000000000000,
-            records.LAST_SEEN_HEADER: 2**63,
+            dead_letter.GIVE_UP_HEADER: "attempts-exhausted",
+            dead_letter.ATTEMPT_HEADER: 4611686018427387904,
+            dead_letter.FIRST_SEEN_HEADER: -1000000000000000,
+            dead_letter.LAST_SEEN_HEADER: 2**63,
         },
         b"\x00poison",
         "expire:\x00x",

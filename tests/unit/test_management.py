@@ -1,4 +1,4 @@
-"""Unit tests for service.management: where the API is, and how what it says differs."""
+"""Unit tests for the management API reading: where it is, and how what it says differs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from service import management, topology
-from service.management import Drift, Observed, drift, endpoint_for, parse_observed
+from service.adapters.amqp import management
+from service.adapters.amqp.management import Drift, Observed, drift, endpoint_for, parse_observed
+from service.core import topology
 from service.settings import Settings
 
 TOPOLOGY = topology.build_topology((1, 5))

@@ -1,4 +1,4 @@
-"""Unit tests for service.redaction: no password survives, whatever characters it holds."""
+"""Unit tests for service.core.redaction: no password survives, whatever characters it holds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from service.redaction import (
+from service.core.redaction import (
     MASK,
     forget_secrets,
     might_hold_secret,

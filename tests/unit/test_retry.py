@@ -1,11 +1,11 @@
-"""Unit tests for service.retry: backoff tiers and the two budgets."""
+"""Unit tests for service.core.retry: backoff tiers and the two budgets."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.errors import Disposition
-from service.retry import DeadLetter, GiveUp, Retry, RetryPolicy, backoff, decide
+from service.core.errors import Disposition
+from service.core.retry import DeadLetter, GiveUp, Retry, RetryPolicy, backoff, decide
 
 POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=5, max_age_seconds=100)
 

@@ -8,8 +8,8 @@ from urllib.parse import quote
 
 import pytest
 
-from service.errors import ConfigError
-from service.redaction import forget_secrets, redact
+from service.core.errors import ConfigError
+from service.core.redaction import forget_secrets, redact
 from service.settings import load_settings, redact_url
 
 

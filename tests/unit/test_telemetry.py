@@ -1,4 +1,4 @@
-"""Unit tests for service.telemetry: log lines carry facts and never passwords."""
+"""Unit tests for service.adapters.telemetry: log lines carry facts and never passwords."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 import pytest
 
-from service.redaction import forget_secrets, register_url_secrets
-from service.telemetry import JsonFormatter, TextFormatter, redact
+from service.adapters.telemetry import JsonFormatter, TextFormatter, redact
+from service.core.redaction import forget_secrets, register_url_secrets
 
 
 def _record(msg: str, *args: object, **facts: object) -> logging.LogRecord:
@@ -115,7 +115,7 @@ def test_a_line_that_cannot_be_formatted_leaks_nothing(capsys: pytest.CaptureFix
     """A log call with bad arguments writes one line naming the event, never the arguments."""
     import logging
 
-    from service.telemetry import setup_logging
+    from service.adapters.telemetry import setup_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level

@@ -1,11 +1,11 @@
-"""Unit tests for service.topology: names, arguments, and rabbitmq/ in step."""
+"""Unit tests for service.core.topology: names, arguments, and rabbitmq/ in step."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from service import topology
+from service.core import topology
 from service.settings import Settings
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "rabbitmq" / "definitions.json"

@@ -22,10 +22,10 @@ from uuid import UUID
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from service import db
-from service.domain import duplicate_outcome, outcome_of
-from service.errors import ServiceError, UnknownReservation
-from service.metrics import Metrics
+from service.adapters import postgres
+from service.adapters.metrics import Metrics
+from service.core.domain import duplicate_outcome, outcome_of
+from service.core.errors import ServiceError, UnknownReservation
 
 log = logging.getLogger("service.consume")
 tracer = trace.get_tracer("service.consume")
@@ -39,7 +39,7 @@ class ConsumerStopping(BatchFallback):
     """The consumer stopped before this delivery's batch ran (it is left to redelivery)."""
 
 
-Result = db.Expiry | BaseException
+Result = postgres.Expiry | BaseException
 
 
 @dataclass(eq=False)
@@ -53,7 +53,7 @@ class Item:
     reservation_id: UUID
     message_id: str
     attempt: int
-    future: asyncio.Future[db.Expiry] | None
+    future: asyncio.Future[postgres.Expiry] | None
     span_context: trace.SpanContext
     context: otel_context.Context = field(default_factory=otel_context.get_current)
     on_result: Callable[[Result], None] | None = None
@@ -86,20 +86,22 @@ class Item:
                 log.exception("expiry.report_failed", extra={"message_id": self.message_id})
 
 
-def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple[Item, db.Expiry]]:
+def settle_items(
+    items: list[Item], rows: dict[UUID, postgres.BatchRow]
+) -> list[tuple[Item, postgres.Expiry]]:
     """Give each item its outcome: the first copy of an id its row's, later copies theirs.
 
     Returns the transitions this batch made for deliveries nobody waits for any
     more (their task was cancelled with their channel): the effect is committed,
     so it must still be logged and counted once, here.
     """
-    first: dict[UUID, db.Expiry] = {}
-    orphans: list[tuple[Item, db.Expiry]] = []
+    first: dict[UUID, postgres.Expiry] = {}
+    orphans: list[tuple[Item, postgres.Expiry]] = []
     for item in items:
         if item.abandoned:
             row = rows.get(item.reservation_id)
             if row is not None and row.won and item.reservation_id not in first:
-                first[item.reservation_id] = db.Expiry(
+                first[item.reservation_id] = postgres.Expiry(
                     outcome_of(won=True, status=row.status, due=row.due), row.lag
                 )
                 orphans.append((item, first[item.reservation_id]))
@@ -108,13 +110,15 @@ def settle_items(items: list[Item], rows: dict[UUID, db.BatchRow]) -> list[tuple
             continue
         if item.reservation_id in first:
             earlier = first[item.reservation_id]
-            item.give(db.Expiry(duplicate_outcome(earlier.outcome), None))
+            item.give(postgres.Expiry(duplicate_outcome(earlier.outcome), None))
             continue
         row = rows.get(item.reservation_id)
         try:
             if row is None:
                 raise BatchFallback("no result for this reservation")
-            expiry = db.Expiry(outcome_of(won=row.won, status=row.status, due=row.due), row.lag)
+            expiry = postgres.Expiry(
+                outcome_of(won=row.won, status=row.status, due=row.due), row.lag
+            )
         except UnknownReservation as exc:
             item.give(exc)
             continue
@@ -131,7 +135,7 @@ class Batcher:
 
     def __init__(
         self,
-        pool: db.Pool,
+        pool: postgres.Pool,
         *,
         worker: str,
         size: int,
@@ -154,9 +158,9 @@ class Batcher:
         self.queue.append(item)
         self._arrived.set()
 
-    async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> db.Expiry:
+    async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> postgres.Expiry:
         """Wait for this delivery's outcome (raises ``BatchFallback`` to go it alone)."""
-        future: asyncio.Future[db.Expiry] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[postgres.Expiry] = asyncio.get_running_loop().create_future()
         span_context = trace.get_current_span().get_span_context()
         item = Item(reservation_id, message_id, attempt, future, span_context)
         self.put(item)
@@ -169,7 +173,7 @@ class Batcher:
                 self.report_orphan(item, future.result())
             raise
 
-    def report_orphan(self, item: Item, expiry: db.Expiry) -> None:
+    def report_orphan(self, item: Item, expiry: postgres.Expiry) -> None:
         """Log and count an outcome no delivery task is left to report (never acked)."""
         log.info(
             "expiry.outcome",
@@ -235,7 +239,7 @@ class Batcher:
         ):
             try:
                 async with self.pool.acquire() as conn:
-                    rows = await db.expire_batch(
+                    rows = await postgres.expire_batch(
                         conn,
                         list(ids),
                         [item.message_id for item in ids.values()],

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from service.domain import Outcome
+from service.core.domain import Outcome
 
 # Deadline-age buckets of the due backlog, in seconds: (label, upper bound).
 BACKLOG_BUCKETS: tuple[tuple[str, float], ...] = (

@@ -5,7 +5,7 @@ A dead letter arrives in one of two shapes: a copy the consumer published
 a message the broker dead-lettered itself (with ``x-death`` and no verdict of
 ours): the delivery limit was reached, or a consumer rejected it. Either way
 its headers are untrusted input: every field of the record is read through
-``service.inputs`` into a bounded value, so that any record built here can be
+``service.core.inputs`` into a bounded value, so that any record built here can be
 stored, and ``build_record`` never raises.
 """
 
@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from service.domain import parse_command
-from service.errors import PoisonMessage
-from service.inputs import (
+from service.core.domain import parse_command
+from service.core.errors import PoisonMessage
+from service.core.inputs import (
     MAX_ATTEMPT,
     MAX_DELIVERY_COUNT,
     bounded_int,
@@ -30,7 +30,7 @@ from service.inputs import (
     recent_millis,
     text_of,
 )
-from service.retry import GiveUp
+from service.core.retry import GiveUp
 
 ATTEMPT_HEADER = "x-expiry-attempt"
 FIRST_SEEN_HEADER = "x-expiry-first-seen"

@@ -1,4 +1,4 @@
-"""Unit tests for service.errors.classify: one table, every library error."""
+"""Unit tests for service.adapters.classify: one table, every library error."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import asyncpg.exceptions._base as asyncpg_base
 import pytest
 from aiormq.exceptions import AMQPConnectionError, ChannelClosed
 
-from service import errors
-from service.errors import (
+from service.adapters.classify import classify, refuses_values
+from service.core import errors
+from service.core.errors import (
     ConcurrentUpdate,
     Disposition,
     PoisonMessage,
     PublishNotConfirmed,
     UnknownReservation,
-    classify,
 )
 
 T, P = Disposition.TRANSIENT, Disposition.PERMANENT
@@ -74,4 +74,4 @@ def test_refuses_values_tells_the_values_from_the_database(
     exc: BaseException, expected: bool
 ) -> None:
     """Values the database refuses are told apart from a database that is away."""
-    assert errors.refuses_values(exc) is expected
+    assert refuses_values(exc) is expected

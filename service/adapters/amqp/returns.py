@@ -22,15 +22,15 @@ original to be returned as usual.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from service import broker
-from service.errors import PublishNotConfirmed
-from service.inputs import delivery_count, headers_of, message_id_of
-from service.topology import DEAD_DELIVERY_LIMIT
+from service.adapters import amqp
+from service.adapters.amqp import messages
+from service.core.errors import PublishNotConfirmed
+from service.core.inputs import delivery_count, headers_of, message_id_of
+from service.core.topology import DEAD_DELIVERY_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +40,11 @@ BROKER_COUNTS = frozenset({"x-delivery-count", "x-acquired-count"})
 
 
 def fresh_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
-    """The same dead letter as a new message: body, properties and headers kept, the
-    broker's delivery count dropped (and no expiration, user id or priority to trip on)."""
-    headers: dict[str, Any] = {
+    """The same dead letter as a new message: headers kept but the broker's counts."""
+    headers = {
         key: value for key, value in headers_of(message.headers).items() if key not in BROKER_COUNTS
     }
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=DeliveryMode.PERSISTENT,
-        correlation_id=message.correlation_id,
-        message_id=message.message_id,
-        timestamp=message.timestamp,
-        type=message.type,
-        app_id=message.app_id,
-    )
+    return messages.copy_of(message, headers)
 
 
 async def give_back(
@@ -71,9 +59,7 @@ async def give_back(
     count = delivery_count(headers_of(message.headers), redelivered=bool(message.redelivered))
     if count >= REFRESH_AT:
         try:
-            await broker.publish_confirmed(
-                dead_exchange, fresh_copy(message), queue, timeout=timeout
-            )
+            await amqp.publish_confirmed(dead_exchange, fresh_copy(message), queue, timeout=timeout)
         except PublishNotConfirmed as exc:
             log.warning(
                 "deadletter.refresh_failed",
@@ -83,6 +69,6 @@ async def give_back(
             log.info(
                 "deadletter.refreshed", extra={"message_id": key, "queue": queue, "count": count}
             )
-            await broker.settle(message.ack, key)
+            await amqp.settle(message.ack, key)
             return
-    await broker.settle(lambda: message.reject(requeue=True), key)
+    await amqp.settle(lambda: message.reject(requeue=True), key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from service.errors import Disposition
+from service.core.errors import Disposition
 
 
 class GiveUp(StrEnum):

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
 
-from service.errors import ConcurrentUpdate, PoisonMessage, UnknownReservation
+from service.core.errors import ConcurrentUpdate, PoisonMessage, UnknownReservation
 
 
 class Status(StrEnum):

@@ -33,9 +33,11 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
-from service import propagation
-from service.redaction import might_hold_secret
-from service.redaction import redact as redact  # re-exported: other modules import it from here
+from service.adapters import propagation
+from service.core.redaction import might_hold_secret
+from service.core.redaction import (
+    redact as redact,  # re-exported: other modules import it from here
+)
 from service.settings import Settings
 
 _STANDARD_ATTRS = frozenset(
@@ -219,7 +221,7 @@ def setup_tracing(
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    # Trace context is read from delivery headers anyone can forge (service/propagation.py).
+    # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()
     instrument()
     return provider

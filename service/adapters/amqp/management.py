@@ -20,8 +20,8 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote, unquote, urlsplit
 from urllib.request import Request, urlopen
 
+from service.core.topology import ExchangeSpec, QueueSpec, Topology
 from service.settings import Settings
-from service.topology import ExchangeSpec, QueueSpec, Topology
 
 MANAGEMENT_PORT = 15672
 READ_TIMEOUT_SECONDS = 5.0
@@ -132,7 +132,7 @@ def _exchange_details(spec: ExchangeSpec, seen: Mapping[str, Any] | None) -> tup
     if seen is None:  # not listed (yet): its existence is the passive declare's to tell
         return ()
     expected = {
-        "type": str(spec.type.value),
+        "type": spec.type,
         "durable": True,
         "auto_delete": False,
         "internal": False,

@@ -1,5 +1,4 @@
-"""Exchange and queue names and arguments (pure), their declaration, and the check
-that they exist.
+"""Exchange and queue names and arguments, as data: pure, no I/O.
 
 ::
 
@@ -14,28 +13,14 @@ Every queue is a quorum queue. A delay queue has a fixed TTL and dead-letters
 back to ``expirations`` when it runs out, so delays live in the broker, one
 queue per tier so that no message waits behind a longer one.
 
-Declaring needs the configure permission; only ``python -m service.declare``
-(the deploy's step) does it. The running processes check instead
-(``require_topology``: passive declares, which need no permission, and
-``service.declare.check_topology`` for the arguments).
+Declaring it (``python -m service.declare``, the deploy's step) and checking
+it (what the running processes do) live in ``service.adapters.amqp.topology``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-import aiormq.exceptions
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractExchange,
-    AbstractQueue,
-    ExchangeType,
-)
-
-from service.errors import TopologyMismatch
+from typing import Any
 
 EXCHANGE = "expirations"
 QUEUE = "expirations"
@@ -55,7 +40,7 @@ DEAD_LOG_QUEUE = "expirations.dead.log"
 DELIVERY_LIMIT = 10
 # The dead-letter queues are read only by operators and the recorder; they must
 # never drop a message, so their limit is set far above normal use, and a dead
-# letter returned half as often is replaced by a fresh copy (service/returns.py).
+# letter returned half as often is replaced by a fresh copy (adapters/amqp/returns.py).
 DEAD_DELIVERY_LIMIT = 1000
 
 DECLARE_COMMAND = "python -m service.declare"
@@ -66,7 +51,7 @@ DECLARE_COMMAND = "python -m service.declare"
 QUORUM_INITIAL_GROUP_SIZE = 3
 
 ArgValue = str | int
-T = TypeVar("T")
+DIRECT = "direct"
 
 
 def retry_queue(delay_seconds: int) -> str:
@@ -84,7 +69,7 @@ class ExchangeSpec:
     """A durable exchange."""
 
     name: str
-    type: ExchangeType = ExchangeType.DIRECT
+    type: str = DIRECT
 
 
 @dataclass(frozen=True)
@@ -152,7 +137,7 @@ def build_topology(retry_delays: tuple[int, ...]) -> Topology:
     )
     # Each dead-letter queue is also routed by its own name, so that a dead letter
     # returned too often can be replaced by a fresh copy in that queue alone
-    # (service/returns.py).
+    # (service/adapters/amqp/returns.py).
     dead = QueueSpec(
         DEAD_QUEUE,
         DEAD_EXCHANGE,
@@ -184,7 +169,7 @@ def definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str
             {
                 "name": ex.name,
                 "vhost": vhost,
-                "type": str(ex.type.value),
+                "type": ex.type,
                 "durable": True,
                 "auto_delete": False,
                 "internal": False,
@@ -215,71 +200,3 @@ def definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str
             for key in q.routing_keys
         ],
     }
-
-
-@dataclass(frozen=True)
-class Declared:
-    """The declared objects, by name, on the channel that declared them."""
-
-    exchanges: dict[str, AbstractExchange]
-    queues: dict[str, AbstractQueue]
-
-
-async def declare_topology(channel: AbstractChannel, topology: Topology) -> Declared:
-    """Declare everything idempotently; return what was declared.
-
-    Raises ``TopologyMismatch`` (one line naming the object) when the broker
-    already holds a queue or exchange of that name declared otherwise.
-    """
-    exchanges: dict[str, AbstractExchange] = {}
-    queues: dict[str, AbstractQueue] = {}
-    for ex in topology.exchanges:
-        exchanges[ex.name] = await _declare(
-            f"exchange {ex.name!r}", channel.declare_exchange(ex.name, ex.type, durable=True)
-        )
-    for spec in topology.queues:
-        queue = await _declare(
-            f"queue {spec.name!r}",
-            channel.declare_queue(spec.name, durable=True, arguments=dict(spec.arguments)),
-        )
-        for key in spec.routing_keys:
-            await queue.bind(exchanges[spec.exchange], routing_key=key)
-        queues[spec.name] = queue
-    return Declared(exchanges, queues)
-
-
-async def _declare(what: str, declaration: Awaitable[T]) -> T:
-    try:
-        result = await declaration
-    except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        detail = str(exc.args[0]) if exc.args else str(exc)
-        raise TopologyMismatch(
-            f"{what} exists on the broker with other settings ({detail}); "
-            "delete it or fix its policy, then start again"
-        ) from None
-    return result
-
-
-async def require_topology(connection: AbstractConnection, topology: Topology) -> None:
-    """Check, changing nothing, that every exchange and queue exists (passive declares).
-
-    Raises ``TopologyMismatch`` (one line naming the first one missing).
-    """
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        for ex in topology.exchanges:
-            await _exists(f"exchange {ex.name!r}", channel.declare_exchange(ex.name, passive=True))
-        for spec in topology.queues:
-            await _exists(f"queue {spec.name!r}", channel.declare_queue(spec.name, passive=True))
-    finally:
-        if not channel.is_closed:
-            await channel.close()
-
-
-async def _exists(what: str, declaration: Awaitable[T]) -> None:
-    try:
-        await declaration
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        raise TopologyMismatch(
-            f"{what} does not exist on the broker; declare the topology first: {DECLARE_COMMAND}"
-        ) from None

@@ -29,26 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import aio_pika
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, DeliveryMode
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from opentelemetry import trace
 
-from service import broker, db
-from service.acks import Acker, Done
-from service.batch import Batcher, BatchFallback, ConsumerStopping, Item, Result
-from service.domain import Outcome, parse_command
-from service.errors import CrashLoop, PublishNotConfirmed, ServiceError, classify
-from service.inputs import (
-    MAX_ATTEMPT,
-    MESSAGE_ID_LIMIT,
-    bounded_int,
-    delivery_count,
-    headers_of,
-    recent_millis,
-    text_of,
-)
-from service.metrics import Metrics
-from service.records import (
+from service.adapters import amqp, postgres
+from service.adapters.amqp import messages
+from service.adapters.classify import classify
+from service.adapters.metrics import Metrics
+from service.core.dead_letter import (
     ATTEMPT_HEADER,
     ERROR_CLASS_HEADER,
     FIRST_SEEN_HEADER,
@@ -58,9 +46,23 @@ from service.records import (
     WORKER_HEADER,
     stable_message_id,
 )
-from service.retry import DeadLetter, GiveUp, Retry, RetryPolicy, decide
+from service.core.domain import Outcome, parse_command
+from service.core.errors import CrashLoop, PublishNotConfirmed, ServiceError
+from service.core.inputs import (
+    MAX_ATTEMPT,
+    MESSAGE_ID_LIMIT,
+    bounded_int,
+    delivery_count,
+    headers_of,
+    recent_millis,
+    text_of,
+)
+from service.core.retry import DeadLetter, GiveUp, Retry, RetryPolicy, decide
+from service.core.topology import DEAD_ROUTING_KEY, QUEUE, retry_routing_key
 from service.settings import Settings
-from service.topology import DEAD_ROUTING_KEY, QUEUE, retry_routing_key
+from service.worker.acks import Acker, Done
+from service.worker.batcher import Batcher, BatchFallback, ConsumerStopping, Item, Result
+from service.worker.inflight import InFlight
 
 log = logging.getLogger("service.consume")
 tracer = trace.get_tracer("service.consume")
@@ -100,7 +102,7 @@ class Attempt:
 def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
     """Read the attempt number and first-seen time from our headers (defaults: 1, now).
 
-    Never raises: the headers are untrusted (``service.inputs``); a value out
+    Never raises: the headers are untrusted (``service.core.inputs``); a value out
     of bounds counts as absent.
     """
     headers = headers_of(message.headers)
@@ -162,10 +164,10 @@ class Consumer:
     def __init__(
         self,
         settings: Settings,
-        pool: db.Pool,
+        pool: postgres.Pool,
         retry_exchange: AbstractExchange,
         dead_exchange: AbstractExchange,
-        in_flight: broker.InFlight,
+        in_flight: InFlight,
         metrics: Metrics,
         batcher: Batcher | None = None,
         acker: Acker | None = None,
@@ -255,11 +257,13 @@ class Consumer:
         else:
             report(None)
 
-    def _acked(self, delivery: Delivery, expiry: db.Expiry, exc: BaseException | None) -> None:
+    def _acked(
+        self, delivery: Delivery, expiry: postgres.Expiry, exc: BaseException | None
+    ) -> None:
         """Report a batched delivery once its ack was sent (or could not be)."""
         try:
             if exc is not None:
-                broker.settle_failed(exc, delivery.attempt.message_id)
+                amqp.settle_failed(exc, delivery.attempt.message_id)
             self._report(delivery, expiry, acked=exc is None)
         finally:
             self.in_flight.end()
@@ -268,7 +272,7 @@ class Consumer:
         """A batched delivery its batch could not decide: alone, as the full path would."""
         await self._settled(delivery, self._conclude(delivery, self._alone_outcome(delivery, why)))
 
-    async def _alone_outcome(self, delivery: Delivery, why: BaseException) -> db.Expiry:
+    async def _alone_outcome(self, delivery: Delivery, why: BaseException) -> postgres.Expiry:
         if delivery.reservation is None or not isinstance(why, BatchFallback):
             raise why  # e.g. an unknown reservation: classified like any other failure
         return await self.expire_alone(delivery.reservation, delivery.attempt)
@@ -306,7 +310,7 @@ class Consumer:
         """``basic.reject(requeue=False)``: the work queue dead-letters it itself."""
         delivery.settling = True
         message = delivery.message
-        if await broker.settle(lambda: message.reject(requeue=False), delivery.attempt.message_id):
+        if await amqp.settle(lambda: message.reject(requeue=False), delivery.attempt.message_id):
             self._settled_alone(message)
             log.warning(
                 "expiry.dead_letter",
@@ -319,7 +323,7 @@ class Consumer:
                 },
             )
 
-    async def _outcome(self, delivery: Delivery) -> db.Expiry:
+    async def _outcome(self, delivery: Delivery) -> postgres.Expiry:
         command = parse_command(delivery.message.body)
         delivery.reservation = command.reservation_id
         # the aio-pika instrumentation's consumer span
@@ -331,7 +335,9 @@ class Consumer:
         self._failpoint(FAILPOINT_EXIT_ON + delivery.reservation_id)
         return await self.expire(command.reservation_id, delivery.attempt)
 
-    async def _conclude(self, delivery: Delivery, work: Coroutine[Any, Any, db.Expiry]) -> None:
+    async def _conclude(
+        self, delivery: Delivery, work: Coroutine[Any, Any, postgres.Expiry]
+    ) -> None:
         """Await the work on a delivery: ack and report its outcome, or retry / dead-letter."""
         try:
             expiry = await work
@@ -342,27 +348,27 @@ class Consumer:
             return
         await self.finish(delivery, expiry)
 
-    async def finish(self, delivery: Delivery, expiry: db.Expiry) -> None:
+    async def finish(self, delivery: Delivery, expiry: postgres.Expiry) -> None:
         """Ack a committed delivery, then report it (even when cancelled during the ack)."""
         self._failpoint(FAILPOINT_EXIT_AFTER_COMMIT)
         acked = False
         delivery.settling = True
         try:
-            acked = await broker.settle(
+            acked = await amqp.settle(
                 self._ack_action(delivery.message), delivery.attempt.message_id
             )
         finally:  # cancelled with its channel during the ack: the effect still happened
             trace.get_current_span().set_attribute("expiry.outcome", expiry.outcome.value)
             self._report(delivery, expiry, acked=acked)
 
-    def _report(self, delivery: Delivery, expiry: db.Expiry, *, acked: bool) -> None:
+    def _report(self, delivery: Delivery, expiry: postgres.Expiry, *, acked: bool) -> None:
         elapsed = delivery.elapsed()
         self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
         _log_outcome(delivery, expiry.outcome, elapsed, acked=acked)
 
     async def handle_suspect(
         self, reservation_id: UUID, attempt: Attempt, body: bytes
-    ) -> db.Expiry:
+    ) -> postgres.Expiry:
         """A redelivered command: someone held it and did not settle it (maybe it killed them).
 
         Suspects go one at a time and alone, each attempt counted in the database
@@ -373,16 +379,16 @@ class Consumer:
         key = stable_message_id(None if attempt.message_id == "-" else attempt.message_id, body)
         async with self.quarantine:
             async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
-                handled = await db.mark_handling(conn, key)
+                handled = await postgres.mark_handling(conn, key)
             if handled > CRASH_LIMIT:
                 raise CrashLoop(f"a consumer died handling it {handled - 1} times")
             self._failpoint(FAILPOINT_EXIT_ON + str(reservation_id))
             expiry = await self.expire_alone(reservation_id, attempt)
             async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
-                await db.clear_handling(conn, key)
+                await postgres.clear_handling(conn, key)
             return expiry
 
-    async def expire(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
+    async def expire(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
         """The guarded update and its audit row: in a batch, or alone when that fails."""
         if self.batcher is not None:
             try:
@@ -391,13 +397,13 @@ class Consumer:
                 pass
         return await self.expire_alone(reservation_id, attempt)
 
-    async def expire_alone(self, reservation_id: UUID, attempt: Attempt) -> db.Expiry:
+    async def expire_alone(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
         """The guarded update and its audit row, in a transaction of its own."""
         with tracer.start_as_current_span(
             "expire reservation", attributes={"db.system": "postgresql"}
         ) as span:
             async with self.pool.acquire(timeout=self._acquire_timeout) as conn:
-                expiry = await db.expire_reservation(
+                expiry = await postgres.expire_reservation(
                     conn,
                     reservation_id,
                     message_id=attempt.message_id,
@@ -432,7 +438,7 @@ class Consumer:
             await self._copy_refused(delivery, facts, str(publish_exc))
             return
         delivery.settling = True
-        acked = await broker.settle(message.ack, attempt.message_id)
+        acked = await amqp.settle(message.ack, attempt.message_id)
         self._settled_alone(message)
         if not acked:
             return
@@ -461,7 +467,7 @@ class Consumer:
             min(REQUEUE_PAUSE_SECONDS * 2 ** min(returned, 8), MAX_REQUEUE_PAUSE_SECONDS)
         )
         delivery.settling = True
-        await broker.settle(lambda: message.reject(requeue=True), delivery.attempt.message_id)
+        await amqp.settle(lambda: message.reject(requeue=True), delivery.attempt.message_id)
         self._settled_alone(message)
 
     async def publish_copy(
@@ -487,18 +493,11 @@ class Consumer:
             headers[GIVE_UP_HEADER] = decision.why.value
             headers[LAST_SEEN_HEADER] = now_ms()
             exchange, routing_key = self.dead_exchange, DEAD_ROUTING_KEY
-        copy = aio_pika.Message(
-            message.body,
-            headers=headers,
-            content_type=message.content_type,
-            delivery_mode=DeliveryMode.PERSISTENT,
-            message_id=message.message_id,
-            timestamp=message.timestamp,
-            type=message.type,
-            app_id=message.app_id,
-        )
-        await broker.publish_confirmed(
-            exchange, copy, routing_key, timeout=self.settings.publish_timeout_seconds
+        await amqp.publish_confirmed(
+            exchange,
+            messages.copy_of(message, headers),
+            routing_key,
+            timeout=self.settings.publish_timeout_seconds,
         )
 
     def _ack_action(self, message: AbstractIncomingMessage) -> Callable[[], Awaitable[None]]:

@@ -18,11 +18,17 @@ from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from service import broker, db
-from service.errors import classify, refuses_values
-from service.records import DeadLetterRecord, build_record, reduced_record, unreadable_record
-from service.returns import give_back
-from service.topology import DEAD_LOG_QUEUE
+from service.adapters import amqp, postgres
+from service.adapters.amqp.returns import give_back
+from service.adapters.classify import classify, refuses_values
+from service.core.dead_letter import (
+    DeadLetterRecord,
+    build_record,
+    reduced_record,
+    unreadable_record,
+)
+from service.core.topology import DEAD_LOG_QUEUE
+from service.worker.inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +43,8 @@ class Recorder:
 
     def __init__(
         self,
-        pool: db.Pool,
-        in_flight: broker.InFlight,
+        pool: postgres.Pool,
+        in_flight: InFlight,
         dead_exchange: AbstractExchange,
         *,
         publish_timeout: float,
@@ -60,7 +66,7 @@ class Recorder:
                 timeout=self.publish_timeout,
             )
             return
-        if await broker.settle(message.ack, record.message_id):
+        if await amqp.settle(message.ack, record.message_id):
             log.info(
                 "deadletter.recorded",
                 extra={
@@ -98,7 +104,7 @@ class Recorder:
         for attempt in range(RECORD_ATTEMPTS):
             try:
                 async with self.pool.acquire() as conn:
-                    await db.record_dead_letter(conn, record)
+                    await postgres.record_dead_letter(conn, record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -1,0 +1,152 @@
+"""Dead-letter records and the audit of their replays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from service.adapters.postgres.pool import Connection
+from service.core.dead_letter import DeadLetterRecord
+
+# Idempotent: recording the same dead letter twice changes nothing; a new
+# dead-lettering of a replayed message (a later last_seen) counts up.
+RECORD_DEAD_LETTER = """
+INSERT INTO dead_letters (message_id, reservation_id, hold_until, error_class, give_up, reason,
+                          attempts, first_seen, last_seen, worker, body_excerpt)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    ON CONFLICT (message_id) DO UPDATE
+   SET times_dead = dead_letters.times_dead
+                    + (dead_letters.last_seen IS DISTINCT FROM EXCLUDED.last_seen)::int,
+       status = CASE WHEN dead_letters.last_seen IS DISTINCT FROM EXCLUDED.last_seen
+                     THEN 'dead' ELSE dead_letters.status END,
+       error_class = EXCLUDED.error_class, give_up = EXCLUDED.give_up,
+       reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
+       first_seen = LEAST(dead_letters.first_seen, EXCLUDED.first_seen),
+       last_seen = GREATEST(dead_letters.last_seen, EXCLUDED.last_seen),
+       worker = EXCLUDED.worker, updated_at = now()
+"""
+
+
+DEAD_LETTER_COLUMNS = """
+id, message_id, reservation_id, hold_until, error_class, give_up, reason, attempts,
+first_seen, last_seen, worker, body_excerpt, status, times_dead, recorded_at, updated_at
+"""
+
+
+LIST_DEAD_LETTERS = f"""
+SELECT {DEAD_LETTER_COLUMNS}
+  FROM dead_letters
+ WHERE ($1::text IS NULL OR status = $1)
+   AND ($2::text IS NULL OR error_class = $2)
+   AND ($3::float8 IS NULL OR last_seen <= now() - make_interval(secs => $3))
+   AND ($4::float8 IS NULL OR last_seen >= now() - make_interval(secs => $4))
+ ORDER BY last_seen DESC, id DESC
+ LIMIT $5
+"""
+
+
+GET_DEAD_LETTER = f"""
+SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE id::text = $1 OR message_id = $1
+"""
+
+
+DEAD_LETTERS_BY_CLASS = """
+SELECT error_class, count(*) AS n FROM dead_letters WHERE status = 'dead' GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
+REPLAYS_OF = """
+SELECT operator, at, outcome, detail, db_user, os_user, client_host
+  FROM dead_letter_replays WHERE dead_letter_id = $1 ORDER BY id
+"""
+
+
+RECORD_REPLAY = """
+INSERT INTO dead_letter_replays
+       (dead_letter_id, message_id, operator, outcome, detail, os_user, client_host)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+"""
+
+
+MARK_REPLAYED = "UPDATE dead_letters SET status = 'replayed', updated_at = now() WHERE id = $1"
+
+
+async def record_dead_letter(conn: Connection, record: DeadLetterRecord) -> None:
+    """Write (or refresh) the operator's record of one dead letter."""
+    await conn.execute(
+        RECORD_DEAD_LETTER,
+        record.message_id,
+        record.reservation_id,
+        record.hold_until,
+        record.error_class,
+        record.give_up,
+        record.reason,
+        record.attempts,
+        record.first_seen,
+        record.last_seen,
+        record.worker,
+        record.body_excerpt,
+    )
+
+
+async def list_dead_letters(
+    conn: Connection,
+    *,
+    status: str | None,
+    error_class: str | None,
+    older_than: float | None,
+    newer_than: float | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    """Dead letters, newest first, filtered (``None`` means no filter)."""
+    return await conn.fetch(LIST_DEAD_LETTERS, status, error_class, older_than, newer_than, limit)
+
+
+async def get_dead_letter(conn: Connection, key: str) -> asyncpg.Record | None:
+    """One dead letter by its record id or its message id."""
+    return await conn.fetchrow(GET_DEAD_LETTER, key)
+
+
+async def dead_letters_by_class(conn: Connection) -> dict[str, int]:
+    """Open dead letters counted by error class."""
+    return {row["error_class"]: row["n"] for row in await conn.fetch(DEAD_LETTERS_BY_CLASS)}
+
+
+async def replays_of(conn: Connection, dead_letter_id: int) -> list[asyncpg.Record]:
+    """Every replay of one dead letter."""
+    return await conn.fetch(REPLAYS_OF, dead_letter_id)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acts, beyond the database user (which the database records itself)."""
+
+    operator: str
+    os_user: str
+    host: str
+
+
+async def record_replay(
+    conn: Connection,
+    dead_letter_id: int,
+    message_id: str,
+    *,
+    actor: Actor,
+    outcome: str,
+    detail: str,
+) -> None:
+    """Audit one replay attempt (or refusal); mark the record replayed when republished."""
+    async with conn.transaction():
+        await conn.execute(
+            RECORD_REPLAY,
+            dead_letter_id,
+            message_id,
+            actor.operator,
+            outcome,
+            detail,
+            actor.os_user,
+            actor.host,
+        )
+        if outcome == "republished":
+            await conn.execute(MARK_REPLAYED, dead_letter_id)

@@ -1,0 +1,88 @@
+"""The pool and single connections: every session carries the lock and statement timeouts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from service.core.redaction import redact
+from service.settings import Settings
+
+if TYPE_CHECKING:  # the stubs make these generic; the runtime classes are not
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+    PlainConnection: TypeAlias = asyncpg.Connection[asyncpg.Record]
+else:
+    Pool = asyncpg.Pool
+    Connection = asyncpg.Connection | PoolConnectionProxy
+    PlainConnection = asyncpg.Connection
+
+
+DB_NOW = "SELECT now()"
+
+
+PING = "SELECT 1"
+
+
+def _connect_options(settings: Settings, application_name: str) -> dict[str, Any]:
+    return {
+        "timeout": settings.db_connect_timeout_seconds,
+        "command_timeout": settings.statement_timeout_ms / 1000 + 5,
+        "server_settings": {
+            "application_name": application_name,
+            "lock_timeout": str(settings.lock_timeout_ms),
+            "statement_timeout": str(settings.statement_timeout_ms),
+        },
+    }
+
+
+async def create_pool(settings: Settings, *, application_name: str, size: int) -> Pool:
+    """Open a pool whose sessions carry the lock and statement timeouts."""
+    try:
+        return await asyncpg.create_pool(
+            settings.database_url,
+            min_size=1,
+            max_size=size,
+            reset=_keep_session,
+            **_connect_options(settings, application_name),
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _unreachable(settings, exc) from exc
+
+
+async def _keep_session(_conn: PlainConnection) -> None:
+    """Pool release without asyncpg's default reset (one round trip per release).
+
+    Safe because the service never leaves session state on a pooled connection:
+    no LISTEN, no session SET (timeouts come with the connection), no advisory
+    locks; an open transaction is still rolled back by asyncpg itself.
+    """
+
+
+async def connect(settings: Settings, *, application_name: str) -> PlainConnection:
+    """Open one connection (for the scan and the migrations)."""
+    try:
+        return await asyncpg.connect(
+            settings.database_url, **_connect_options(settings, application_name)
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _unreachable(settings, exc) from exc
+
+
+def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
+    reason = str(exc).strip() or type(exc).__name__
+    return ConnectionError(redact(f"cannot reach PostgreSQL at {settings.database_url}: {reason}"))
+
+
+async def ping(conn: Connection) -> None:
+    """A round trip: the connection works."""
+    await conn.fetchval(PING)
+
+
+async def db_now(conn: Connection) -> datetime:
+    """The database's clock: the only clock that decides what is due."""
+    value: datetime = await conn.fetchval(DB_NOW)
+    return value

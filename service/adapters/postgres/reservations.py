@@ -1,0 +1,152 @@
+"""Reservations: the guarded transition (alone, batched) with its audit row, state, backlog."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+from service.adapters.metrics import BACKLOG_BUCKETS, Backlog
+from service.adapters.postgres.pool import Connection
+from service.core.domain import Outcome, outcome_of
+
+# The guarded transition and its audit row, in one statement (so one
+# transaction): only a held reservation whose deadline has passed by the
+# database's clock moves to expired, and only the winner writes the audit row.
+EXPIRE_RESERVATION = """
+WITH expired AS (
+    UPDATE reservations
+       SET status = 'expired', updated_at = now()
+     WHERE id = $1 AND status = 'held' AND hold_until <= now()
+ RETURNING id, extract(epoch FROM now() - hold_until)::float8 AS lag
+), audit AS (
+    INSERT INTO reservation_transitions
+           (reservation_id, from_status, to_status, message_id, attempt, worker)
+    SELECT id, 'held', 'expired', $2, $3, $4 FROM expired
+)
+SELECT EXISTS (SELECT 1 FROM expired) AS won, (SELECT lag FROM expired) AS lag,
+       r.status, r.hold_until <= now() AS due
+  FROM (SELECT 1) AS one
+  LEFT JOIN reservations r ON r.id = $1
+"""
+
+
+READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations WHERE id = $1"
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What one guarded update did, and (if it expired the hold) the lag since its deadline."""
+
+    outcome: Outcome
+    lag_seconds: float | None
+
+
+async def expire_reservation(
+    conn: Connection, reservation_id: UUID, *, message_id: str, attempt: int, worker: str
+) -> Expiry:
+    """Run the guarded transition; return what happened (raises for unknown ids)."""
+    row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
+    assert row is not None  # the LEFT JOIN always yields one row
+    won, status, due = bool(row["won"]), row["status"], bool(row["due"])
+    if not won and status == "held" and due:
+        # The statement read the row before a concurrent writer committed:
+        # read it again, now that the update has waited for that writer.
+        fresh = await reservation_state(conn, reservation_id)
+        status, due = fresh if fresh else (None, False)
+    return Expiry(outcome_of(won=won, status=status, due=due), row["lag"])
+
+
+# The batched guarded update: rows are locked in id order (so two consumers
+# with overlapping batches never deadlock), the guard is the same as above, and
+# every winner writes its audit row; one row per distinct id comes back.
+EXPIRE_BATCH = """
+WITH batch AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[]) AS b (id, message_id, attempt)
+), locked AS (
+    SELECT r.id FROM reservations r JOIN batch b ON b.id = r.id
+     WHERE r.status = 'held' AND r.hold_until <= now()
+     ORDER BY r.id
+       FOR NO KEY UPDATE OF r
+), expired AS (
+    UPDATE reservations r
+       SET status = 'expired', updated_at = now()
+      FROM locked l
+     WHERE r.id = l.id AND r.status = 'held' AND r.hold_until <= now()
+ RETURNING r.id, extract(epoch FROM now() - r.hold_until)::float8 AS lag
+), audit AS (
+    INSERT INTO reservation_transitions
+           (reservation_id, from_status, to_status, message_id, attempt, worker)
+    SELECT e.id, 'held', 'expired', b.message_id, b.attempt, $4
+      FROM expired e JOIN batch b ON b.id = e.id
+)
+SELECT b.id, e.id IS NOT NULL AS won, e.lag, r.status, r.hold_until <= now() AS due
+  FROM batch b
+  LEFT JOIN expired e ON e.id = b.id
+  LEFT JOIN reservations r ON r.id = b.id
+"""
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """What the batched update saw and did for one reservation."""
+
+    won: bool
+    lag: float | None
+    status: str | None
+    due: bool
+
+
+async def expire_batch(
+    conn: Connection,
+    ids: Sequence[UUID],
+    message_ids: Sequence[str],
+    attempts: Sequence[int],
+    *,
+    worker: str,
+) -> dict[UUID, BatchRow]:
+    """Run the guarded transition for distinct ids in one statement (one transaction)."""
+    rows = await conn.fetch(EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), worker)
+    return {
+        row["id"]: BatchRow(bool(row["won"]), row["lag"], row["status"], bool(row["due"]))
+        for row in rows
+    }
+
+
+# Due held reservations by deadline age (width_bucket over the bounds in $1).
+BACKLOG = """
+SELECT width_bucket(extract(epoch FROM now() - hold_until)::float8, $1::float8[]) AS bucket,
+       count(*) AS n, max(extract(epoch FROM now() - hold_until))::float8 AS oldest
+  FROM reservations
+ WHERE status = 'held' AND hold_until <= now()
+ GROUP BY 1
+"""
+
+
+async def backlog(conn: Connection) -> Backlog:
+    """The age of the oldest due held reservation and the due backlog by age."""
+    bounds = [upper for _, upper in BACKLOG_BUCKETS[:-1]]
+    result = Backlog()
+    for row in await conn.fetch(BACKLOG, bounds):
+        result.by_bucket[BACKLOG_BUCKETS[row["bucket"]][0]] = row["n"]
+        result.oldest_due_age_seconds = max(result.oldest_due_age_seconds, row["oldest"])
+    return result
+
+
+async def reservation_state(conn: Connection, reservation_id: UUID) -> tuple[str, bool] | None:
+    """A reservation's status and whether it is due now, or ``None`` if unknown."""
+    row = await conn.fetchrow(READ_RESERVATION, reservation_id)
+    return (row["status"], bool(row["due"])) if row else None
+
+
+TRANSITIONS_OF = """
+SELECT from_status, to_status, at, message_id, attempt, worker
+  FROM reservation_transitions WHERE reservation_id = $1 ORDER BY id
+"""
+
+
+async def transitions_of(conn: Connection, reservation_id: UUID) -> list[asyncpg.Record]:
+    """The audit trail of one reservation."""
+    return await conn.fetch(TRANSITIONS_OF, reservation_id)

@@ -1,0 +1,279 @@
+"""One scan: publish a command, with publisher confirms, for every due hold.
+
+One bounded pass, oldest deadline first, in keyset pages. Each page is locked
+(``FOR NO KEY UPDATE SKIP LOCKED``, so that overlapping scans split the work)
+and claimed with a short lease in one short transaction; then published with
+confirms, one window for the page; then the lease of each confirmed command is
+extended, and the claims of the others lapse at once.
+
+Once ``stop`` is set a pass stops between pages: nothing more is claimed or
+published, the confirms in flight are awaited and recorded as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from aio_pika.abc import AbstractExchange, AbstractRobustConnection
+
+from service.adapters import amqp, postgres
+from service.adapters.amqp import messages
+from service.adapters.amqp.topology import check_topology
+from service.core.domain import message_id
+from service.core.errors import PublishNotConfirmed, ServiceError
+from service.core.topology import EXCHANGE, ROUTING_KEY
+from service.settings import Settings
+
+log = logging.getLogger("service.produce")
+
+T = TypeVar("T")
+
+# A claim outlives the wait for confirms by this much; if the scan dies while
+# publishing, its claims lapse and the next scan publishes those holds again.
+CLAIM_MARGIN_SECONDS = 5.0
+
+
+@dataclass
+class ScanResult:
+    """What one scan did."""
+
+    published: int = 0
+    failed: int = 0
+    batches: int = 0
+    stopped: bool = False  # ended before its last page, ``stop`` being set
+
+
+class ScanStopped(ServiceError):
+    """The scan was stopped by SIGTERM or SIGINT before it finished."""
+
+    def __init__(self, result: ScanResult, message: str | None = None) -> None:
+        unconfirmed = f", {result.failed} not confirmed" if result.failed else ""
+        super().__init__(
+            message
+            or f"stopped by a signal before finishing: {result.published} command(s) "
+            f"confirmed{unconfirmed}; the next scan publishes the rest"
+        )
+        self.result = result
+
+
+async def scan_once(
+    settings: Settings, *, stop: asyncio.Event | None = None, check: bool = True
+) -> ScanResult:
+    """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed.
+
+    Once ``stop`` is set the scan claims and publishes nothing more (while it is
+    still connecting it gives up as soon as it can) and raises ``ScanStopped``.
+    With ``check`` it first checks the topology (``TopologyMismatch`` if it differs).
+    """
+    stop = stop or asyncio.Event()
+    async with contextlib.AsyncExitStack() as opened:
+        # The broker first: if it is down, nothing is claimed and nothing recorded.
+        connection = await _connect_broker(settings, stop, opened)
+        prepared = _prepare(settings, connection, opened, check=check)
+        conn, exchange = await _unless_stopped(stop, prepared)
+        result = await scan_pass(conn, exchange, settings, stop=stop)
+    if result.stopped:
+        raise ScanStopped(result)
+    if result.failed:
+        raise PublishNotConfirmed(
+            f"{result.failed} command(s) not confirmed by the broker "
+            f"({result.published} confirmed); the next scan publishes them again"
+        )
+    return result
+
+
+async def _connect_broker(
+    settings: Settings, stop: asyncio.Event, opened: contextlib.AsyncExitStack
+) -> AbstractRobustConnection:
+    """Connect to the broker, unless stopped first (closed with ``opened``)."""
+    name = f"expiry-produce {settings.worker_id}"
+    connection = await _unless_stopped(stop, amqp.connect(settings, name=name))
+    opened.push_async_callback(connection.close)
+    return connection
+
+
+async def _prepare(
+    settings: Settings,
+    connection: AbstractRobustConnection,
+    opened: contextlib.AsyncExitStack,
+    *,
+    check: bool,
+) -> tuple[postgres.Connection, AbstractExchange]:
+    """Check the topology (it declares nothing) and connect to the database (closed with
+    ``opened``)."""
+    if check:
+        await check_topology(connection, settings)
+    channel = await amqp.open_confirm_channel(connection)
+    exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+    conn = await postgres.connect(settings, application_name="expiry-produce")
+    opened.push_async_callback(conn.close)
+    return conn, exchange
+
+
+async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T:
+    """Await ``step``; if ``stop`` is set first, cancel it and raise ``ScanStopped``."""
+    task = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    if task.cancelled():
+        raise ScanStopped(ScanResult(stopped=True))
+    return task.result()
+
+
+async def scan_pass(
+    conn: postgres.Connection,
+    exchange: AbstractExchange,
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+) -> ScanResult:
+    """Publish every due hold without a live lease, as of the scan's start.
+
+    Pipelined two pages deep: while one page's confirms come in, the next page
+    is claimed and published, and the page before is recorded; so neither the
+    broker nor the database waits for the other, and at most two pages are in
+    memory whatever the backlog. Once ``stop`` is set no page is claimed or
+    published any more: the pages in flight are recorded, and a pass that ends
+    before its last page says ``stopped``.
+    """
+    result = ScanResult()
+    stop = stop or asyncio.Event()
+    until = await postgres.db_now(conn)
+    cursor = (postgres.EPOCH_START, postgres.NIL_UUID)
+    previous: Publishing | None = None
+    try:
+        while not _stopping(stop, result):
+            page, batch = await claim_page(conn, settings, until=until, after=cursor)
+            if _stopping(stop, result):
+                await postgres.release_claims(conn, [hold.id for hold in batch])
+                break
+            pending = previous
+            previous = Publishing(batch, settings.publish_timeout_seconds, exchange)
+            if pending is not None:
+                await record_page(conn, settings, pending, result)
+            if not page or len(page) < settings.scan_batch_size:
+                break
+            if _stopping(stop, result) or result.failed:
+                break
+            cursor = (page[-1].hold_until, page[-1].id)
+    finally:
+        if previous is not None:
+            await record_last_page(conn, settings, previous, result)
+    return result
+
+
+def _stopping(stop: asyncio.Event, result: ScanResult) -> bool:
+    """Whether the pass must stop before its next page (noted in ``result``)."""
+    result.stopped = stop.is_set()
+    return result.stopped
+
+
+class Publishing:
+    """One page's commands on their way: published at once, confirms awaited later."""
+
+    def __init__(
+        self, batch: list[postgres.DueHold], timeout: float, exchange: AbstractExchange
+    ) -> None:
+        self.batch = batch
+        self.task = asyncio.ensure_future(publish_batch(exchange, batch, timeout))
+
+
+async def record_last_page(
+    conn: postgres.Connection, settings: Settings, page: Publishing, result: ScanResult
+) -> None:
+    """Record the page still in flight, unless the pass is being cancelled: then its
+    publishes are abandoned too, and its claims lapse on their own."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        page.task.cancel()
+        return
+    await record_page(conn, settings, page, result)
+
+
+async def record_page(
+    conn: postgres.Connection, settings: Settings, page: Publishing, result: ScanResult
+) -> None:
+    """Wait for a page's confirms; extend the leases of the confirmed, lapse the others."""
+    try:
+        confirmed = await page.task
+    except BaseException:
+        page.task.cancel()
+        raise
+    done = {hold.id for hold in confirmed}
+    failed = [hold.id for hold in page.batch if hold.id not in done]
+    async with conn.transaction():
+        await postgres.record_leases(
+            conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
+        )
+        await postgres.release_claims(conn, failed)
+    if page.batch:
+        result.batches += 1
+    result.published += len(confirmed)
+    result.failed += len(failed)
+
+
+async def claim_page(
+    conn: postgres.Connection, settings: Settings, *, until: datetime, after: tuple[datetime, UUID]
+) -> tuple[list[postgres.DueHold], list[postgres.DueHold]]:
+    """Lock the next page, claim it with a short lease, commit: locks last milliseconds.
+
+    Returns the page (for the cursor) and the holds this scan claimed in it.
+    """
+    async with conn.transaction():
+        page = await postgres.claim_due(
+            conn, until=until, after=after, limit=settings.scan_batch_size
+        )
+        claimed = await postgres.claim_leases(
+            conn,
+            [hold.id for hold in page],
+            [message_id(hold.id, hold.hold_until) for hold in page],
+            claim_seconds=settings.publish_timeout_seconds + CLAIM_MARGIN_SECONDS,
+        )
+    return page, [hold for hold in page if hold.id in claimed]
+
+
+async def publish_batch(
+    exchange: AbstractExchange, batch: list[postgres.DueHold], timeout: float
+) -> list[postgres.DueHold]:
+    """Publish a page concurrently, one window of confirms with one deadline for the
+    whole window; return the holds whose commands the broker confirmed."""
+    if not batch:
+        return []
+    tasks = [
+        asyncio.ensure_future(
+            amqp.publish_confirmed(
+                exchange, messages.command_for(hold.id, hold.hold_until), ROUTING_KEY, timeout=None
+            )
+        )
+        for hold in batch
+    ]
+    _done, late = await asyncio.wait(tasks, timeout=timeout)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    confirmed: list[postgres.DueHold] = []
+    for hold, task in zip(batch, tasks, strict=True):
+        error = None if task.cancelled() else task.exception()
+        if task.cancelled() or isinstance(error, PublishNotConfirmed):
+            reason = f"no confirm within {timeout:g}s" if task.cancelled() else str(error)
+            log.warning(
+                "expiry.publish_failed", extra={"reservation_id": str(hold.id), "reason": reason}
+            )
+        elif error is not None:
+            raise error
+        else:
+            confirmed.append(hold)
+    return confirmed
