@@ -22,13 +22,10 @@ from service.adapters.classify import classify
 from service.adapters.http import HealthServer
 from service.adapters.metrics import Metrics
 from service.cli import run_command
-from service.core.topology import DEAD_EXCHANGE, DEAD_LOG_QUEUE, QUEUE, RETRY_EXCHANGE
+from service.core.topology import DEAD_LOG_QUEUE, QUEUE
 from service.settings import Settings
-from service.worker.acks import Acker
-from service.worker.batcher import Batcher
-from service.worker.consumer import Consumer
-from service.worker.inflight import InFlight
-from service.worker.recorder import RECORDER_PREFETCH, Recorder
+from service.worker.recorder import RECORDER_PREFETCH
+from service.worker.runtime import assemble
 
 log = logging.getLogger("service.consume")
 
@@ -76,38 +73,13 @@ async def _consume(
     publish_channel = await amqp.open_confirm_channel(connection)
     record_channel = await connection.channel(publisher_confirms=False)
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
-    in_flight = InFlight()
-    batcher = (
-        Batcher(
-            pool,
-            worker=settings.worker_id,
-            size=settings.batch_size,
-            wait_ms=settings.batch_wait_ms,
-            workers=max(1, min(BATCH_WORKERS, settings.db_pool_size - 1)),
-            metrics=metrics,
-        )
-        if settings.batch_size > 1
-        else None
-    )
-    dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
-    consumer = Consumer(
-        settings,
-        pool,
-        retry_exchange=await publish_channel.get_exchange(RETRY_EXCHANGE, ensure=False),
-        dead_exchange=dead_exchange,
-        in_flight=in_flight,
-        metrics=metrics,
-        batcher=batcher,
-        acker=Acker() if batcher is not None else None,
-    )
-    recorder = Recorder(
-        pool, in_flight, dead_exchange, publish_timeout=settings.publish_timeout_seconds
-    )
+    runtime = await assemble(settings, pool, publish_channel, metrics)
+    in_flight = runtime.in_flight
     work = await consume_channel.declare_queue(QUEUE, passive=True)
     dead_log = await record_channel.declare_queue(DEAD_LOG_QUEUE, passive=True)
     consumers = [
-        (work, await work.consume(consumer.on_message)),
-        (dead_log, await dead_log.consume(recorder.on_message)),
+        (work, await work.consume(runtime.consumer.on_message)),
+        (dead_log, await dead_log.consume(runtime.recorder.on_message)),
     ]
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every):
@@ -122,8 +94,7 @@ async def _consume(
     if abandoned:
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
-    if batcher is not None:
-        await batcher.close()
+    await runtime.batcher.close()
     for channel in (publish_channel, record_channel, consume_channel):
         await channel.close()
 

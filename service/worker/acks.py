@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
@@ -208,3 +208,31 @@ def _settle_future(future: asyncio.Future[None], exc: BaseException | None) -> N
         future.set_result(None)
     else:
         future.set_exception(exc)
+
+
+class Acks(Protocol):
+    """How the consumer acks: coalesced (``Acker``) or one at a time (``AckAlone``)."""
+
+    def ack_soon(self, message: AbstractIncomingMessage, done: Done) -> None:
+        """Ack ``message``; ``done(None)`` once sent, ``done(exc)`` if it cannot be."""
+
+    def settled(self, message: AbstractIncomingMessage) -> None:
+        """``message`` was settled some other way (a copy acked alone, a reject)."""
+
+
+class AckAlone:
+    """One ack frame per delivery (batch size 1: the per-message path)."""
+
+    def ack_soon(self, message: AbstractIncomingMessage, done: Done) -> None:
+        """Send this delivery's own ack; ``done`` once it is sent, or with why not."""
+        task = asyncio.create_task(message.ack())
+        task.add_done_callback(lambda sent: _resolve([done], _failure_of(sent)))
+
+    def settled(self, message: AbstractIncomingMessage) -> None:
+        """Nothing to keep track of."""
+
+
+def _failure_of(task: asyncio.Task[None]) -> BaseException | None:
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception()

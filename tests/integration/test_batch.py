@@ -13,6 +13,7 @@ from service.adapters import postgres
 from service.core.domain import Outcome, command_body
 from service.core.errors import UnknownReservation
 from service.worker.batcher import Batcher, BatchFallback
+from service.worker.ports import PostgresStore
 from tests.support import (
     Stack,
     drain_queue,
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.integration
 async def batcher(stack: Stack) -> AsyncIterator[Batcher]:
     """A batcher on the test's database: one worker, so each gathering is one batch."""
     pool = await postgres.create_pool(stack.settings, application_name="test-batch", size=4)
-    batcher = Batcher(pool, worker="batch-test", size=50, wait_ms=50, workers=1)
+    store = PostgresStore(pool, stack.settings)
+    batcher = Batcher(store, size=50, wait_ms=50, workers=1)
     try:
         yield batcher
     finally:

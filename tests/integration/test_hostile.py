@@ -26,7 +26,7 @@ from pamqp import commands
 from service import deadletters, scan
 from service.adapters.amqp.returns import REFRESH_AT
 from service.core.domain import command_body
-from service.worker.consumer import REFUSAL_LIMIT
+from service.worker.failures import REFUSAL_LIMIT
 from tests.proxy import tcp_proxy
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
 from tests.support import (
@@ -416,16 +416,16 @@ async def test_an_unexpected_failure_still_settles_and_records(
     """A bug anywhere in a delivery's handling (here: reading its headers, and publishing
     its dead-letter copy) never leaves it unsettled: it is handled as a first attempt, or
     rejected so that the broker dead-letters it, and then recorded."""
-    from service.worker import consumer
+    from service.worker import delivery, failures
 
-    def broken_read(*_args: object) -> consumer.Attempt:
+    def broken_read(*_args: object) -> delivery.Attempt:
         raise RuntimeError("a bug in read_attempt")
 
     async def broken_copy(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("a bug in publish_copy")
 
-    monkeypatch.setattr(consumer, "read_attempt", broken_read)
-    monkeypatch.setattr(consumer.Consumer, "publish_copy", broken_copy)
+    monkeypatch.setattr(delivery, "read_attempt", broken_read)
+    monkeypatch.setattr(failures.Failures, "_publish_copy", broken_copy)
     [rid] = await insert_holds(stack.database_url, 1)
     now = datetime.datetime.now(datetime.UTC)
     async with running_consumer(stack.settings) as task:

@@ -29,7 +29,7 @@ from service.adapters.propagation import SafePropagator
 from service.core import dead_letter, inputs
 from service.core.domain import ExpireCommand, parse_command
 from service.core.errors import PoisonMessage
-from service.worker.consumer import read_attempt
+from service.worker.delivery import read_attempt
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 NOW_MS = round(NOW.timestamp() * 1000)

@@ -3,6 +3,7 @@
 from service.adapters.amqp.connection import (
     SETTLE_ERRORS,
     ClusterConnection,
+    SettleAction,
     connect,
     connection_url,
     open_confirm_channel,
@@ -14,6 +15,7 @@ from service.adapters.amqp.connection import (
 __all__ = [
     "SETTLE_ERRORS",
     "ClusterConnection",
+    "SettleAction",
     "connect",
     "connection_url",
     "open_confirm_channel",

@@ -163,7 +163,10 @@ async def publish_confirmed(
 SETTLE_ERRORS = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, OSError)
 
 
-async def settle(action: Callable[[], Awaitable[None]], message_id: str) -> bool:
+SettleAction = Callable[[], Awaitable[None]]
+
+
+async def settle(action: SettleAction, message_id: str) -> bool:
     """Ack or nack a delivery; never on a channel that was replaced after a reconnect.
 
     Returns whether the broker was told; a False leaves the delivery to be

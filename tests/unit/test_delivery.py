@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of service.worker.consumer, and broker.settle."""
+"""Unit tests for service.worker.delivery (what a delivery says of itself), and settle."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiormq.exceptions import ChannelInvalidStateError
 
 from service.adapters.amqp.connection import settle
 from service.core.errors import PoisonMessage
-from service.worker.consumer import read_attempt, short_reason
+from service.worker.delivery import read_attempt, short_reason
 
 
 class FakeMessage:

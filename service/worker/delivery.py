@@ -1,0 +1,124 @@
+"""One delivery of the work queue, as the consumer handles it: what it says of itself
+(read from untrusted headers into bounded values), since when, and how it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry import trace
+
+from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
+from service.core.errors import ServiceError
+from service.core.inputs import (
+    MAX_ATTEMPT,
+    MESSAGE_ID_LIMIT,
+    bounded_int,
+    headers_of,
+    recent_millis,
+    text_of,
+)
+
+log = logging.getLogger("service.consume")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a delivery says about its own history."""
+
+    number: int
+    first_seen_ms: int
+    message_id: str
+
+
+def now_ms() -> int:
+    """The worker's wall clock in epoch milliseconds (used only for retry budgets)."""
+    return time.time_ns() // 1_000_000
+
+
+def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
+    """Read the attempt number and first-seen time from our headers (defaults: 1, now).
+
+    Never raises: the headers are untrusted (``service.core.inputs``); a value out
+    of bounds counts as absent.
+    """
+    headers = headers_of(message.headers)
+    first_seen = recent_millis(headers.get(FIRST_SEEN_HEADER), now_ms)
+    return Attempt(
+        number=bounded_int(headers.get(ATTEMPT_HEADER), 1, MAX_ATTEMPT) or 1,
+        first_seen_ms=now_ms if first_seen is None else min(now_ms, first_seen),
+        message_id=text_of(message.message_id, MESSAGE_ID_LIMIT) or "-",
+    )
+
+
+def attempt_of(message: AbstractIncomingMessage) -> Attempt:
+    """``read_attempt`` now; should it ever fail, a first attempt (the delivery must
+    still be handled and settled)."""
+    now = now_ms()
+    try:
+        return read_attempt(message, now)
+    except Exception:
+        log.exception("expiry.unreadable_headers")
+        return Attempt(number=1, first_seen_ms=now, message_id="-")
+
+
+def short_reason(exc: BaseException) -> str:
+    """A reason safe to log and to store: our own messages, else only the error type."""
+    if isinstance(exc, ServiceError):
+        return str(exc)[:200]
+    sqlstate = getattr(exc, "sqlstate", None)
+    return f"{type(exc).__name__} (sqlstate {sqlstate})" if sqlstate else type(exc).__name__
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One delivery being handled.
+
+    ``span`` is the consumer span it arrived in (a non-recording one when
+    tracing is off); when it records, ``done`` lets the broker's callback wait
+    until the delivery is settled, so that the span covers the whole job.
+    """
+
+    message: AbstractIncomingMessage
+    attempt: Attempt
+    started: float
+    span: trace.Span = trace.INVALID_SPAN
+    done: asyncio.Future[None] | None = None
+    context: contextvars.Context | None = None  # traced: what its own task runs in
+    reservation: UUID | None = None  # once its body parsed
+    settling: bool = False  # an ack, nack or reject was sent (or tried): never another
+    acking: bool = False  # committed, its ack under way: it ends once that is sent
+    ended: bool = field(default=False, repr=False)
+
+    @classmethod
+    def of(cls, message: AbstractIncomingMessage) -> Delivery:
+        """A delivery that has just arrived, in the current span."""
+        span = trace.get_current_span()
+        delivery = cls(message, attempt_of(message), time.monotonic(), span)
+        if span.is_recording():
+            delivery.done = asyncio.get_running_loop().create_future()
+            delivery.context = contextvars.copy_context()
+        return delivery
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation as logged ("-" while unknown)."""
+        return "-" if self.reservation is None else str(self.reservation)
+
+    def elapsed(self) -> float:
+        """Seconds since it arrived."""
+        return time.monotonic() - self.started
+
+    def end(self) -> bool:
+        """Mark its handling ended (once): True the first time."""
+        if self.ended:
+            return False
+        self.ended = True
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+        return True

@@ -1,0 +1,118 @@
+"""What the consumer's runtime needs from the outside, as two small seams.
+
+``Store`` (the guarded updates and the crash counter) and ``Publisher`` (the
+confirmed retry and dead-letter copies): the runtime is tested with in-memory
+fakes of both; ``PostgresStore`` and ``AmqpPublisher`` are the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+from uuid import UUID
+
+import aio_pika
+from aio_pika.abc import AbstractExchange
+from opentelemetry import trace
+
+from service.adapters import amqp, postgres
+from service.core.topology import DEAD_ROUTING_KEY, retry_routing_key
+from service.settings import Settings
+from service.worker.delivery import Attempt
+
+tracer = trace.get_tracer("service.consume")
+
+
+class Store(Protocol):
+    """The database as the consumer uses it."""
+
+    async def expire_many(
+        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+    ) -> dict[UUID, postgres.BatchRow]:
+        """The guarded update for distinct ids, one statement, one commit."""
+        ...
+
+    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
+        """The guarded update for one reservation, in a transaction of its own."""
+        ...
+
+    async def mark_handling(self, key: str) -> int:
+        """Count one more attempt at a redelivered command; how many there were."""
+        ...
+
+    async def clear_handling(self, key: str) -> None:
+        """It was handled without a crash: forget its count."""
+        ...
+
+
+class Publisher(Protocol):
+    """The broker as the consumer publishes to it (each publish confirmed or raising
+    ``PublishNotConfirmed``)."""
+
+    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
+        """To the delay tier of ``delay_seconds``."""
+        ...
+
+    async def dead_letter(self, message: aio_pika.Message) -> None:
+        """To the dead-letter exchange."""
+        ...
+
+
+class PostgresStore:
+    """``Store`` on a connection pool."""
+
+    def __init__(self, pool: postgres.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.worker = settings.worker_id
+        self.acquire_timeout = (
+            settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000
+        )
+
+    async def expire_many(
+        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+    ) -> dict[UUID, postgres.BatchRow]:
+        async with self.pool.acquire() as conn:
+            return await postgres.expire_batch(conn, ids, message_ids, attempts, worker=self.worker)
+
+    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
+        with tracer.start_as_current_span(
+            "expire reservation", attributes={"db.system": "postgresql"}
+        ) as span:
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                expiry = await postgres.expire_reservation(
+                    conn,
+                    reservation_id,
+                    message_id=attempt.message_id,
+                    attempt=attempt.number,
+                    worker=self.worker,
+                )
+            span.set_attribute("expiry.outcome", expiry.outcome.value)
+            return expiry
+
+    async def mark_handling(self, key: str) -> int:
+        async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            return await postgres.mark_handling(conn, key)
+
+    async def clear_handling(self, key: str) -> None:
+        async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            await postgres.clear_handling(conn, key)
+
+
+class AmqpPublisher:
+    """``Publisher`` on a confirm channel's retry and dead-letter exchanges."""
+
+    def __init__(
+        self, retry_exchange: AbstractExchange, dead_exchange: AbstractExchange, timeout: float
+    ) -> None:
+        self.retry_exchange = retry_exchange
+        self.dead_exchange = dead_exchange
+        self.timeout = timeout
+
+    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
+        key = retry_routing_key(delay_seconds)
+        await amqp.publish_confirmed(self.retry_exchange, message, key, timeout=self.timeout)
+
+    async def dead_letter(self, message: aio_pika.Message) -> None:
+        await amqp.publish_confirmed(
+            self.dead_exchange, message, DEAD_ROUTING_KEY, timeout=self.timeout
+        )

@@ -1,0 +1,307 @@
+"""Unit tests for the consumer's one delivery path, with in-memory fakes of the store
+(the database) and the publisher (the broker's retry and dead-letter exchanges)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+from uuid import UUID
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry.sdk.trace import TracerProvider
+
+from service.adapters.metrics import Metrics
+from service.adapters.postgres import BatchRow, Expiry
+from service.core.domain import Outcome, command_body
+from service.core.errors import PublishNotConfirmed
+from service.settings import Settings
+from service.worker import failures as failures_module
+from service.worker.acks import AckAlone
+from service.worker.batcher import Batcher
+from service.worker.consumer import Consumer
+from service.worker.delivery import Attempt
+from service.worker.failpoints import NO_FAILPOINTS
+from service.worker.failures import REFUSAL_LIMIT, Failures
+from service.worker.inflight import InFlight
+from service.worker.quarantine import CRASH_LIMIT, Quarantine
+from service.worker.reporting import Reporter
+
+
+@dataclass
+class FakeMessage:
+    """A delivery: what the consumer reads, and how it was settled."""
+
+    body: bytes
+    message_id: str | None = "m"
+    redelivered: bool = False
+    headers: dict[str, Any] = field(default_factory=dict)
+    routing_key: str = "expire"
+    content_type: str | None = "application/json"
+    content_encoding: str | None = None
+    correlation_id: str | None = None
+    timestamp: datetime | None = None
+    type: str | None = None
+    app_id: str | None = None
+    settled: list[str] = field(default_factory=list)
+
+    async def ack(self) -> None:
+        self.settled.append("ack")
+
+    async def reject(self, requeue: bool = False) -> None:
+        self.settled.append("requeue" if requeue else "reject")
+
+
+@dataclass
+class FakeStore:
+    """Reservations by id: ``held`` and due unless told otherwise."""
+
+    status: dict[UUID, str] = field(default_factory=dict)
+    fail_batches: bool = False
+    fail_alone: Exception | None = None
+    handled: dict[str, int] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+
+    async def expire_many(
+        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+    ) -> dict[UUID, BatchRow]:
+        self.calls.append(f"batch of {len(ids)}")
+        if self.fail_batches:
+            raise OSError("connection lost")
+        return {rid: self._row(rid) for rid in ids}
+
+    def _row(self, rid: UUID) -> BatchRow:
+        status = self.status.get(rid)
+        won = status == "held"
+        if won:
+            self.status[rid] = "expired"
+        return BatchRow(won=won, lag=0.1 if won else None, status=self.status.get(rid), due=True)
+
+    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> Expiry:
+        self.calls.append("alone")
+        if self.fail_alone is not None:
+            raise self.fail_alone
+        row = self._row(reservation_id)
+        if row.won:
+            return Expiry(Outcome.EXPIRED, row.lag)
+        return Expiry(Outcome.ALREADY_DONE, None)
+
+    async def mark_handling(self, key: str) -> int:
+        self.handled[key] = self.handled.get(key, 0) + 1
+        return self.handled[key]
+
+    async def clear_handling(self, key: str) -> None:
+        self.handled.pop(key, None)
+
+
+@dataclass
+class FakePublisher:
+    """Records the copies; refuses them when told to."""
+
+    refuse: bool = False
+    retries: list[aio_pika.Message] = field(default_factory=list)
+    dead: list[aio_pika.Message] = field(default_factory=list)
+
+    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
+        if self.refuse:
+            raise PublishNotConfirmed("refused")
+        self.retries.append(message)
+
+    async def dead_letter(self, message: aio_pika.Message) -> None:
+        if self.refuse:
+            raise PublishNotConfirmed("refused")
+        self.dead.append(message)
+
+
+@dataclass
+class World:
+    """A consumer wired to the fakes."""
+
+    consumer: Consumer
+    store: FakeStore
+    publisher: FakePublisher
+    in_flight: InFlight
+    batcher: Batcher
+
+    async def deliver(self, *messages: FakeMessage) -> None:
+        """Hand the messages to the consumer and wait until each is handled."""
+        for message in messages:
+            await self.consumer.on_message(cast(AbstractIncomingMessage, message))
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0)
+            while len(self.in_flight):
+                await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    """The router with a real batcher, reporter and in-flight count over the fakes."""
+    settings = Settings(retry_delays=(1, 5), max_attempts=3)
+    store, publisher, in_flight, acks = FakeStore(), FakePublisher(), InFlight(), AckAlone()
+    reporter = Reporter(Metrics())
+    batcher = Batcher(store, size=10, wait_ms=0, workers=1)
+    consumer = Consumer(
+        batcher=batcher,
+        store=store,
+        quarantine=Quarantine(store, NO_FAILPOINTS),
+        failures=Failures(settings, publisher, acks, reporter),
+        acks=acks,
+        reporter=reporter,
+        failpoints=NO_FAILPOINTS,
+        in_flight=in_flight,
+    )
+    yield World(consumer, store, publisher, in_flight, batcher)
+    await batcher.close()
+
+
+def command(store: FakeStore, status: str | None = "held", **kwargs: Any) -> FakeMessage:
+    """A valid command for a reservation in ``status`` (None: unknown)."""
+    rid = uuid.uuid4()
+    if status is not None:
+        store.status[rid] = status
+    return FakeMessage(command_body(rid, datetime.now(UTC)), message_id=f"expire:{rid}", **kwargs)
+
+
+def outcomes(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [str(getattr(r, "outcome", "")) for r in caplog.records if r.msg == "expiry.outcome"]
+
+
+async def test_a_due_hold_is_expired_acked_and_reported_once(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first delivery of a valid command: one batch, one ack, one outcome line."""
+    caplog.set_level(logging.INFO)
+    message = command(world.store)
+    await world.deliver(message)
+    assert world.store.calls == ["batch of 1"]
+    assert message.settled == ["ack"]
+    assert outcomes(caplog) == ["expired"]
+
+
+async def test_a_command_twice_in_one_batch_expires_once(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second copy is already-done; both are acked; the hold changed once."""
+    caplog.set_level(logging.INFO)
+    first = command(world.store)
+    second = FakeMessage(first.body, message_id=first.message_id)
+    consumed = command(world.store, "consumed")
+    await world.deliver(first, second, consumed)
+    assert [m.settled for m in (first, second, consumed)] == [["ack"]] * 3
+    assert sorted(outcomes(caplog)) == ["already-done", "expired", "not-eligible"]
+
+
+@pytest.mark.parametrize(
+    ("body", "error_class"),
+    [
+        (b"\x00 not json", "poison.not-json"),
+        (b'{"reservation_id": "x", "hold_until": "2020-01-01T00:00:00+00:00"}', "poison.bad-uuid"),
+    ],
+)
+async def test_poison_is_dead_lettered_then_acked(
+    world: World, body: bytes, error_class: str
+) -> None:
+    """An unusable body goes to the dead letters with why; the store is never asked."""
+    message = FakeMessage(body)
+    await world.deliver(message)
+    [copy] = world.publisher.dead
+    assert copy.headers["x-expiry-error-class"] == error_class
+    assert copy.headers["x-expiry-give-up"] == "permanent"
+    assert message.settled == ["ack"]
+    assert world.store.calls == []
+
+
+async def test_an_unknown_reservation_is_dead_lettered(world: World) -> None:
+    """A command for a reservation that does not exist is a permanent failure."""
+    message = command(world.store, status=None)
+    await world.deliver(message)
+    [copy] = world.publisher.dead
+    assert copy.headers["x-expiry-error-class"] == "unknown-reservation"
+    assert message.settled == ["ack"]
+
+
+async def test_a_failed_batch_falls_back_and_a_transient_failure_retries(world: World) -> None:
+    """The batch fails, the delivery goes alone, fails too: retried with attempt 2."""
+    world.store.fail_batches = True
+    world.store.fail_alone = OSError("database away")
+    message = command(world.store)
+    await world.deliver(message)
+    assert world.store.calls == ["batch of 1", "alone"]
+    [copy] = world.publisher.retries
+    assert copy.headers["x-expiry-attempt"] == 2
+    assert copy.headers["x-expiry-error-class"] == "db.unavailable"
+    assert message.settled == ["ack"]
+
+
+async def test_a_refused_copy_returns_the_delivery_then_ends_the_loop(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused copy returns the delivery (reject, requeue); at the limit it is rejected
+    for good, so that the broker dead-letters it."""
+    monkeypatch.setattr(failures_module, "REQUEUE_PAUSE_SECONDS", 0.0)
+    world.publisher.refuse = True
+    first = FakeMessage(b"junk")
+    last = FakeMessage(b"junk", redelivered=True, headers={"x-delivery-count": REFUSAL_LIMIT - 1})
+    await world.deliver(first, last)
+    assert first.settled == ["requeue"]
+    assert last.settled == ["reject"]
+
+
+async def test_a_redelivered_command_is_counted_and_handled_alone(world: World) -> None:
+    """A suspect is counted, expired alone and its count cleared; past the limit of crashes
+    it is dead-lettered instead of being tried again."""
+    message = command(world.store, redelivered=True)
+    await world.deliver(message)
+    assert world.store.calls == ["alone"]
+    assert message.settled == ["ack"]
+    assert world.store.handled == {}
+    killer = command(world.store, redelivered=True)
+    world.store.handled[str(killer.message_id)] = CRASH_LIMIT
+    await world.deliver(killer)
+    [copy] = world.publisher.dead
+    assert copy.headers["x-expiry-error-class"] == "consumer-crash"
+    assert world.store.calls == ["alone"]  # the killer was never tried again
+
+
+async def test_a_bug_in_failure_handling_rejects_for_good(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever fails unexpectedly, the delivery is settled: rejected, never left open."""
+
+    async def broken(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Failures, "handle", broken)
+    message = FakeMessage(b"junk")
+    await world.deliver(message)
+    assert message.settled == ["reject"]
+    assert len(world.in_flight) == 0
+
+
+async def test_a_delivery_whose_batch_never_ran_is_left_to_redelivery(world: World) -> None:
+    """Stopping with a delivery still queued for its batch: neither acked nor rejected."""
+    await world.batcher.close()
+    message = command(world.store)
+    await world.consumer.on_message(cast(AbstractIncomingMessage, message))
+    await world.batcher.close()
+    assert message.settled == []
+    assert len(world.in_flight) == 0
+
+
+async def test_a_traced_delivery_is_waited_for_by_its_callback(world: World) -> None:
+    """With a recording span, the broker's callback returns only once the delivery is
+    acked, so that the consumer span covers the whole job, and it carries the outcome."""
+    tracer = TracerProvider().get_tracer("test")
+    message = command(world.store)
+    with tracer.start_as_current_span("expirations receive") as span:
+        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
+        assert message.settled == ["ack"]
+    attributes = dict(getattr(span, "attributes", {}) or {})
+    assert attributes["expiry.outcome"] == "expired"
+    assert attributes["expiry.attempt"] == 1
