@@ -33,7 +33,7 @@ Where things run
   stop the database (``pg_createcluster`` under a unique name on a free port,
   trust auth; ``pg_dropcluster --stop`` at the end). The other scenarios use a
   database of their own on the machine's PostgreSQL.
-- **Network faults** go through ``netproxy.FaultProxy``, an in-process asyncio
+- **Network faults** go through ``tests.proxy.TcpProxy``, an in-process asyncio
   TCP proxy: ``cut()`` (reset), ``blackhole()`` (a partition: nothing
   forwarded, closes hidden, until ``restore()``), ``delay`` (latency), and two
   inspectors that read just enough of the wire protocols to strike at an exact

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from tests.faults.checks import verify, wait_for_consumers
-from tests.faults.netproxy import fault_proxy
 from tests.faults.report import report
 from tests.faults.scenario import LoadRun
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
+from tests.proxy import tcp_proxy
 
 pytestmark = pytest.mark.faults
 
@@ -25,7 +25,7 @@ async def test_broker_stopped_and_started_mid_stream(world: World) -> None:
     """stop_app / start_app mid-stream: the same consumer processes recover, their consumer
     count comes back, stale acks are harmless, nothing is lost."""
     workload = await create_workload(world.database_url, holds_from_environment())
-    async with fault_proxy(world.database_url, 5432) as slow_db:
+    async with tcp_proxy(world.database_url, 5432) as slow_db:
         slow_db.delay = DB_LATENCY_SECONDS  # so that every window is busy when the broker stops
         run = LoadRun(world, workload)
         run.consumer_env["DATABASE_URL"] = slow_db.url(world.database_url)
@@ -61,7 +61,7 @@ async def test_broker_blackholed_mid_stream(world: World) -> None:
     """The broker unreachable without a reset: heartbeats notice within seconds, the
     consumers reconnect once it is back, nothing is lost."""
     workload = await create_workload(world.database_url, holds_from_environment())
-    async with fault_proxy(world.amqp_url, world.node.amqp_port) as proxy:
+    async with tcp_proxy(world.amqp_url, world.node.amqp_port) as proxy:
         run = LoadRun(world, workload)
         run.consumer_env.update(
             AMQP_URL=proxy.url(world.amqp_url), EXPIRY_HEARTBEAT_SECONDS=str(HEARTBEAT_SECONDS)

@@ -14,12 +14,13 @@ import asyncpg
 import pytest
 
 from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
-from tests.faults.netproxy import PgCommitCut, fault_proxy
+from tests.faults.netproxy import PgCommitCut
 from tests.faults.report import report
 from tests.faults.scenario import LoadRun, stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
+from tests.proxy import tcp_proxy
 
 pytestmark = pytest.mark.faults
 
@@ -88,7 +89,7 @@ async def test_connection_cut_during_commit(world: World) -> None:
     finds it already done; one transition each."""
     workload = await create_workload(world.database_url, max(300, holds_from_environment() // 10))
     cutter = PgCommitCut()
-    async with fault_proxy(world.database_url, 5432, cutter) as proxy:
+    async with tcp_proxy(world.database_url, 5432, cutter) as proxy:
         run = LoadRun(world, workload)
         run.consumer_env["DATABASE_URL"] = without_tls(proxy.url(world.database_url))
         # Armed from the start: a whole prefetch window can finish in one batch.
@@ -185,7 +186,7 @@ async def test_refused_retry_tier_while_the_database_fails(world: World) -> None
     once both recover."""
     workload = await create_workload(world.database_url, REFUSED_HOLDS, future=2)
     queues = ["expirations", *world.retry_queues]
-    async with fault_proxy(world.database_url, 5432) as db_proxy:
+    async with tcp_proxy(world.database_url, 5432) as db_proxy:
         consumer = await world.consumer(DATABASE_URL=db_proxy.url(world.database_url))
         await wait_for_consumers(world.amqp_url, 1)
         await _refuse_retries(world)

@@ -12,12 +12,13 @@ import asyncpg
 import pytest
 
 from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
-from tests.faults.netproxy import AmqpAckTrap, fault_proxy
+from tests.faults.netproxy import AmqpAckTrap
 from tests.faults.report import report
 from tests.faults.scenario import stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import Workload, create_workload
 from tests.faults.world import World
+from tests.proxy import tcp_proxy
 
 pytestmark = pytest.mark.faults
 
@@ -43,7 +44,7 @@ async def make_dead_letters(world: World, count: int) -> Workload:
     """``count`` due holds whose commands exhausted their attempts while the database was
     cut: in expirations.dead, the holds still held."""
     workload = await create_workload(world.database_url, count, future=1)
-    async with fault_proxy(world.database_url, 5432) as db_proxy:
+    async with tcp_proxy(world.database_url, 5432) as db_proxy:
         failing = await world.consumer(
             "failing", DATABASE_URL=db_proxy.url(world.database_url), EXPIRY_MAX_ATTEMPTS="2"
         )
@@ -98,7 +99,7 @@ async def killed_between_republish_and_removal(world: World, message_id: str) ->
         os.kill(process.pid, signal.SIGKILL)
 
     trap = AmqpAckTrap(fire=kill)
-    async with fault_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
+    async with tcp_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
         process = await replay(world, message_id, amqp_url=proxy.url(world.amqp_url))
         code = await process.wait(60)
     assert trap.fired, process.text()[-2000:]

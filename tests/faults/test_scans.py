@@ -11,12 +11,13 @@ import asyncpg
 import pytest
 
 from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
-from tests.faults.netproxy import AmqpPublishTrap, fault_proxy
+from tests.faults.netproxy import AmqpPublishTrap
 from tests.faults.report import report
 from tests.faults.scenario import settle_timeout, stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import Workload, create_workload, holds_from_environment
 from tests.faults.world import World
+from tests.proxy import tcp_proxy
 
 pytestmark = pytest.mark.faults
 
@@ -111,7 +112,7 @@ async def test_scan_during_a_broker_outage(world: World) -> None:
     line, leases only for confirmed commands; the next scan finishes; one transition each."""
     workload = await create_workload(world.database_url, holds_from_environment())
     trap = AmqpPublishTrap()
-    async with fault_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
+    async with tcp_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
         trap.proxy = proxy
         via_proxy = {"AMQP_URL": proxy.url(world.amqp_url), "EXPIRY_SCAN_BATCH_SIZE": "100"}
         proxy.cut()
@@ -157,7 +158,7 @@ async def test_scan_whose_confirms_are_lost(world: World) -> None:
     next scan publishes the same message ids again; one transition each."""
     workload = await create_workload(world.database_url, CONFIRM_LOST_HOLDS, future=5)
     trap = AmqpPublishTrap()
-    async with fault_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
+    async with tcp_proxy(world.amqp_url, world.node.amqp_port, trap) as proxy:
         trap.arm("hold", after=1)
         started = time.monotonic()
         lost = await world.scan(

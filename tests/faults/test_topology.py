@@ -13,10 +13,10 @@ import time
 import aio_pika
 import pytest
 
-from tests.faults.netproxy import FaultProxy, fault_proxy
 from tests.faults.report import report
 from tests.faults.services import LogStats, ServiceProcess
 from tests.faults.world import World
+from tests.proxy import TcpProxy, tcp_proxy
 
 pytestmark = pytest.mark.faults
 
@@ -36,7 +36,7 @@ async def _redeclare(amqp_url: str, queue: str, arguments: dict[str, object] | N
         await connection.close()
 
 
-async def _refuses(world: World, proxy: FaultProxy, module: str, line: str) -> float:
+async def _refuses(world: World, proxy: TcpProxy, module: str, line: str) -> float:
     """Run ``module`` through ``proxy``; require one clear line, no loop; return seconds."""
     args = ["--scan"] if module == "service.produce" else []
     env = world.env(AMQP_URL=proxy.url(world.amqp_url), EXPIRY_WORKER_ID="drift")
@@ -60,7 +60,7 @@ async def test_topology_drift_refuses_to_start_with_one_line(world: World) -> No
     declare step on drift; once fixed, the declare step restores the topology."""
     work, tier = "expirations", world.retry_queues[1]
     await _redeclare(world.amqp_url, work, {"x-queue-type": "quorum", "x-delivery-limit": 5})
-    async with fault_proxy(world.amqp_url, world.node.amqp_port) as proxy:
+    async with tcp_proxy(world.amqp_url, world.node.amqp_port) as proxy:
         drifted = f"queue {work!r} {DRIFTED} ("
         consume_seconds = await _refuses(world, proxy, "service.consume", drifted)
         scan_seconds = await _refuses(world, proxy, "service.produce", drifted)
