@@ -20,11 +20,11 @@ import asyncpg
 
 from bench import cpu, report, run
 from bench.amqp import Probe
-from bench.config import Options, endpoints_from
+from bench.config import Endpoints, Options, endpoints_from
 from bench.machine import Machine, describe
 from bench.phases import Bench
 from bench.procs import Processes, child_env
-from bench.sandbox import Sandbox, created, new_sandbox
+from bench.sandbox import Sandbox, created, new_name
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -141,7 +141,7 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
     say(f"  consumer    service defaults: {run.consumer_defaults()}; EXPIRY_LOG_LEVEL=WARNING")
     if options.overrides:
         say(f"  overrides   {', '.join(f'{k}={v}' for k, v in options.overrides)}")
-    say(f"  sandbox     database and vhost {sandbox.name}; logs {logs}")
+    say(f"  sandbox     database and vhost {sandbox.database}; logs {logs}")
     for line in METHOD:
         say(line)
 
@@ -190,49 +190,55 @@ def local_servers(sandbox: Sandbox) -> cpu.Servers:
     """The local PostgreSQL and RabbitMQ processes behind the sandbox's ports (if local)."""
     database_port = urlsplit(sandbox.database_url).port or 5432
     amqp_port = urlsplit(sandbox.amqp_url).port or 5672
-    return cpu.find_servers(database_port, amqp_port, sandbox.name)
+    return cpu.find_servers(database_port, amqp_port, sandbox.database)
 
 
 async def measured(
-    options: Options, sandbox: Sandbox, logs: Path
+    options: Options, endpoints: Endpoints, name: str, logs: Path
 ) -> tuple[Machine, report.Results]:
     """Create the sandbox, migrate it and declare its topology (as a deploy does), measure;
     stop every process and remove the sandbox."""
-    env = child_env(
-        os.environ,
-        database_url=sandbox.database_url,
-        amqp_url=sandbox.amqp_url,
-        management_url=sandbox.endpoints.management_url,
-        overrides=options.overrides,
-    )
-    procs = Processes(env, logs)
-    async with created(sandbox, say):
+    async with created(endpoints, name, say) as sandbox:
+        env = child_env(
+            os.environ,
+            database_url=sandbox.database_url,
+            amqp_url=sandbox.amqp_url,
+            management_url=endpoints.management_url,
+            overrides=options.overrides,
+        )
+        procs = Processes(env, logs)
         try:
             await procs.run("000-migrate", "service.migrate", timeout=120)
             await procs.run("001-declare", "service.declare", timeout=120)
-            conn = await asyncpg.connect(sandbox.database_url)
-            connection = await aio_pika.connect(sandbox.amqp_url)
-            try:
-                machine = await describe(conn, sandbox.management)
-                introduce(options, sandbox, machine, logs)
-                probe = Probe(connection)
-                servers = local_servers(sandbox)
-                bench = Bench(options, conn, probe, procs, sandbox.amqp_url, servers, say)
-                return machine, await run.measure(bench, options, say)
-            finally:
-                await connection.close()
-                await conn.close()
+            return await _measure(options, sandbox, procs, logs)
         finally:
             await procs.stop_all()
+
+
+async def _measure(
+    options: Options, sandbox: Sandbox, procs: Processes, logs: Path
+) -> tuple[Machine, report.Results]:
+    conn = await asyncpg.connect(sandbox.database_url)
+    connection = await aio_pika.connect(sandbox.amqp_url)
+    try:
+        machine = await describe(conn, sandbox.management)
+        introduce(options, sandbox, machine, logs)
+        probe = Probe(connection)
+        servers = local_servers(sandbox)
+        bench = Bench(options, conn, probe, procs, sandbox.amqp_url, servers, say)
+        return machine, await run.measure(bench, options, say)
+    finally:
+        await connection.close()
+        await conn.close()
 
 
 async def benchmark(args: argparse.Namespace) -> int:
     """Measure, report; the logs are kept when something failed (or with --keep-logs)."""
     options = options_from(args)
-    sandbox = new_sandbox(endpoints_from(os.environ))
-    logs = Path(tempfile.mkdtemp(prefix=f"{sandbox.name}-logs-"))
+    name = new_name()
+    logs = Path(tempfile.mkdtemp(prefix=f"{name}-logs-"))
     try:
-        machine, results = await measured(options, sandbox, logs)
+        machine, results = await measured(options, endpoints_from(os.environ), name, logs)
     except BaseException:
         say(f"the processes' logs are kept in {logs}")
         raise

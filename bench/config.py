@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from service.adapters.amqp.management import url_beside
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-MANAGEMENT_PORT = 15672
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,20 +28,8 @@ def endpoints_from(env: Mapping[str, str]) -> Endpoints:
     return Endpoints(
         database_url=env.get("DATABASE_URL") or DEFAULT_DATABASE_URL,
         amqp_url=amqp_url,
-        management_url=env.get("RABBITMQ_MANAGEMENT_URL") or management_url_for(amqp_url),
+        management_url=env.get("RABBITMQ_MANAGEMENT_URL") or url_beside(amqp_url),
     )
-
-
-def management_url_for(amqp_url: str) -> str:
-    """The management API beside an AMQP node: same host and credentials, port 15672."""
-    parts = urlsplit(amqp_url)
-    user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
-    return f"http://{quote(user)}:{quote(password)}@{parts.hostname}:{MANAGEMENT_PORT}"
-
-
-def with_path(url: str, name: str) -> str:
-    """``url`` pointing at database or vhost ``name``."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{quote(name, safe='')}"))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db
-from bench.sandbox import Management
+from service.adapters.amqp.management import Management
 
 PACKAGES = ("aio-pika", "aiormq", "asyncpg")
 
@@ -69,7 +69,7 @@ def memory_gb() -> float:
 async def describe(conn: db.Connection, management: Management) -> Machine:
     """Collect the facts (the servers' versions from the servers themselves)."""
     postgresql: str = await conn.fetchval("SHOW server_version")
-    overview = await management.get("/overview")
+    overview = await management.request("GET", "/overview")
     return Machine(
         cpu=cpu_model(),
         cores=os.cpu_count() or 0,

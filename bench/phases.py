@@ -199,7 +199,7 @@ class Bench:
             self._name("scan"), "service.produce", "--scan", timeout=SCAN_TIMEOUT_SECONDS
         )
         published, seconds = scan_seconds(child.log, time.monotonic() - started)
-        ready, _ = await self.probe.counts(QUEUE)
+        ready = await self.probe.ready(QUEUE)
         if published != holds or ready != holds:
             raise RuntimeError(f"the scan published {published} of {holds} ({ready} queued)")
         return ScanRun(published, seconds, child.usage())
@@ -251,7 +251,7 @@ class Bench:
             for i in range(1, count + 1)
         ]
         async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
-            while (await self.probe.counts(QUEUE))[1] < count:
+            while await self.probe.consumers(QUEUE) < count:
                 self.procs.check_alive(children)
                 await asyncio.sleep(POLL_SECONDS / 2)
         return children

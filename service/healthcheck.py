@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from service.cli import positive_seconds, run_command
 from service.core.dsn import parse_dsn
 from service.core.redaction import redact
-from service.settings import Settings
+from service.settings import Settings, process_environment
 
 DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}
 DEFAULT_TIMEOUT_SECONDS = 3.0
@@ -54,7 +53,7 @@ def database_targets(url: str) -> list[Target]:
     """Every host asyncpg would try for a (validated) ``DATABASE_URL``, in its order."""
     return [
         Target("PostgreSQL", host.address, host.port, host.socket_path)
-        for host in parse_dsn(url, os.environ).hosts
+        for host in parse_dsn(url, process_environment()).hosts
     ]
 
 

@@ -100,12 +100,16 @@ class Settings(BaseSettings):
         default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
     )
     # The RabbitMQ management API, where the running processes read the queues'
-    # arguments to check them (they may not declare); default: beside the first
-    # node of AMQP_URL, port 15672, with its credentials.
-    management_url: str | None = None
+    # arguments to check them (they may not declare) and the demo makes its vhost;
+    # default: beside the first node of AMQP_URL, port 15672, with its credentials.
+    # RABBITMQ_MANAGEMENT_URL (compose's demo, the tests) is read when it is not set.
+    management_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("EXPIRY_MANAGEMENT_URL", "RABBITMQ_MANAGEMENT_URL"),
+    )
     # Who may replay dead letters (--operator must be one of them); empty: nobody.
     replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
-    # Test-only: makes a crash happen at a chosen point (see consume.py).
+    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
     @field_validator("database_url", mode="before")
@@ -218,13 +222,20 @@ _ENV_NAMES = {
 
 
 def _setting_names() -> list[str]:
-    """Every ``EXPIRY_*`` name that is a setting, then the names read without the prefix."""
+    """Every ``EXPIRY_*`` name that is a setting, then the names of the aliased ones."""
     prefixed = [
         f"{ENV_PREFIX}{name.upper()}"
         for name, field in Settings.model_fields.items()
         if field.validation_alias is None
     ]
-    return prefixed + sorted(set(_ENV_NAMES.values()) | {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"})
+    aliases = {
+        choice
+        for field in Settings.model_fields.values()
+        if isinstance(field.validation_alias, AliasChoices)
+        for choice in field.validation_alias.choices
+        if isinstance(choice, str)
+    }
+    return prefixed + sorted(aliases)
 
 
 def unknown_settings(names: Iterable[str]) -> list[str]:
@@ -251,6 +262,12 @@ def _closest(name: str, known: list[str]) -> str | None:
     return close[0] if close else None
 
 
+def process_environment() -> dict[str, str]:
+    """This process's environment, as it is: for a child process to inherit, or for
+    libpq's ``PG*`` defaults (settings come from ``load_settings`` only)."""
+    return dict(os.environ)
+
+
 def _environment_names() -> list[str]:
     names = list(os.environ)
     if Path(ENV_FILE).is_file():
@@ -263,13 +280,28 @@ def load_settings() -> Settings:
 
     An ``EXPIRY_*`` variable that is no setting (a typo) is refused too.
     """
-    if problems := unknown_settings(_environment_names()):
+    present = _environment_names()
+    if problems := unknown_settings(present):
         raise ConfigError("; ".join(problems))
     try:
         return Settings()
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "settings"
-        name = _ENV_NAMES.get(field.lower(), f"EXPIRY_{field.upper()}")
         message = str(error["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"{name}: {message}") from None
+        raise ConfigError(f"{_variable_of(field, present)}: {message}") from None
+
+
+def _variable_of(field: str, present: Iterable[str]) -> str:
+    """The variable a refused value came from: of a setting read under several names, the
+    first one that is set."""
+    upper = {name.upper() for name in present}
+    for name, spec in Settings.model_fields.items():
+        if not isinstance(spec.validation_alias, AliasChoices):
+            continue
+        choices = [c for c in spec.validation_alias.choices if isinstance(c, str)]
+        if field.lower() == name or field.upper() in choices:
+            return next((c for c in choices if c.upper() in upper), choices[0])
+    return _ENV_NAMES.get(field.lower()) or (
+        field if field.isupper() else f"{ENV_PREFIX}{field.upper()}"
+    )

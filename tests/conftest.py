@@ -1,7 +1,9 @@
 """Root fixtures: a clean environment, and a private database and vhost per test.
 
-``stack``'s vhost holds the service's topology, declared as the deploy does
-(``service.declare``), since the running processes only check it;
+The private database and vhost are a sandbox (``service/adapters/sandbox.py``,
+as the demo and the benchmark use): the database is a copy of a migrated
+template. ``stack``'s vhost holds the service's topology, declared as the
+deploy does (``service.declare``), since the running processes only check it;
 ``bare_stack``'s vhost is empty.
 """
 
@@ -14,9 +16,9 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
+from service.adapters import sandbox
 from service.adapters.postgres.schema import migrate
 from service.declare import declare
 from tests.support import (
@@ -26,19 +28,19 @@ from tests.support import (
     Stack,
     resolve_endpoints,
     stack_settings,
-    with_database,
-    with_vhost,
     without_credentials,
 )
 
 _counter = itertools.count(1)
+# Settings read without the EXPIRY_ prefix that a test run's shell sets for the fixtures.
+_SHELL_ONLY = ("RABBITMQ_MANAGEMENT_URL",)
 
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No EXPIRY_* from the shell, and no stray .env file, can leak into a test."""
     for name in list(os.environ):
-        if name.startswith("EXPIRY_"):
+        if name.startswith("EXPIRY_") or name in _SHELL_ONLY:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
 
@@ -50,50 +52,39 @@ def endpoints() -> Iterator[Endpoints]:
         yield found
 
 
-async def _sql(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def template_database(endpoints: Endpoints) -> Iterator[str]:
     """A migrated database that each test's database is cloned from."""
     name = f"expiry_tmpl_{RUN_ID}"
-    asyncio.run(_sql(endpoints.database_url, f"CREATE DATABASE {name}"))
-    url = with_database(endpoints.database_url, name)
+    url = asyncio.run(sandbox.create_database(endpoints.database_url, name))
     asyncio.run(migrate(stack_settings(url, endpoints.amqp_url)))
     yield name
-    asyncio.run(_sql(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    asyncio.run(sandbox.drop_database(endpoints.database_url, name))
 
 
 @contextlib.asynccontextmanager
 async def _private_stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
     """A private, migrated database and an empty private vhost; removed afterwards."""
     number = next(_counter)
-    name = f"expiry_t_{RUN_ID}_{number}"
-    vhost = f"expiry-t-{RUN_ID}-{number}"
-    await _sql(endpoints.database_url, f"CREATE DATABASE {name} TEMPLATE {template_database}")
     management = Management(endpoints.management_url)
-    await management.create_vhost(vhost)
-    database_url = with_database(endpoints.database_url, name)
-    amqp_url = with_vhost(endpoints.amqp_url, vhost)
-    # The management API of this run's broker, with the credentials of AMQP_URL.
-    management_url = without_credentials(endpoints.management_url)
-    try:
+    async with sandbox.sandbox_created(
+        endpoints.database_url,
+        (endpoints.amqp_url,),
+        management,
+        database=f"expiry_t_{RUN_ID}_{number}",
+        vhost=f"expiry-t-{RUN_ID}-{number}",
+        template=template_database,
+        lenient=True,  # a vhost gone already, or its node down, is left alone
+    ) as box:
+        # The management API of this run's broker, with the credentials of AMQP_URL.
+        management_url = without_credentials(endpoints.management_url)
         yield Stack(
-            database_url=database_url,
-            amqp_url=amqp_url,
-            vhost=vhost,
+            database_url=box.database_url,
+            amqp_url=box.amqp_url,
+            vhost=box.vhost,
             management=management,
-            settings=stack_settings(database_url, amqp_url, management_url=management_url),
+            settings=stack_settings(box.database_url, box.amqp_url, management_url=management_url),
         )
-    finally:
-        await management.delete_vhost(vhost)
-        await _sql(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ Services come from ``DATABASE_URL`` / ``AMQP_URL`` / ``RABBITMQ_MANAGEMENT_URL``
 when set, else from the contract's local defaults when those answer, else from
 testcontainers where a Docker engine runs. Otherwise the tests that need them
 skip with a reason, except under ``CI=true``, where a missing service fails.
+The management API client and the URL helpers are the service's own
+(``service/adapters/amqp/management.py``, ``service/adapters/sandbox.py``).
 """
 
 from __future__ import annotations
@@ -14,22 +16,32 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
-import httpx
 import pytest
 
+# Re-exported: many tests import them from here.
+from service.adapters.amqp.management import Management as Management
+from service.adapters.amqp.management import url_beside
+from service.adapters.amqp.queues import QueueCounts, queue_counts
+from service.adapters.sandbox import with_vhost as with_vhost
+from service.core.dsn import with_database as with_database
 from service.settings import Settings
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 RUN_ID = uuid.uuid4().hex[:8]
+REPO = Path(__file__).resolve().parents[1]
+# Read once, before any test clears it: it is also a setting (EXPIRY_MANAGEMENT_URL's alias).
+SHELL_MANAGEMENT_URL = os.environ.get("RABBITMQ_MANAGEMENT_URL")
 
 
 @dataclass(frozen=True)
@@ -52,12 +64,6 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
-def _management_from_amqp(amqp_url: str) -> str:
-    parts = urlsplit(amqp_url)
-    user, password = parts.username or "guest", parts.password or "guest"
-    return f"http://{quote(user)}:{quote(password)}@{parts.hostname}:15672"
-
-
 def without_credentials(url: str) -> str:
     """``url`` without its user and password: the service then logs in with its own."""
     parts = urlsplit(url)
@@ -72,11 +78,26 @@ def _docker_available() -> bool:
     return probe.returncode == 0
 
 
-def missing(reason: str) -> None:
+def missing(reason: str) -> NoReturn:
     """Skip, or fail under CI, because a service is missing."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def run_module(
+    module: str, *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module args`` to completion from the repository root (output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @contextlib.contextmanager
@@ -84,7 +105,7 @@ def resolve_endpoints() -> Iterator[Endpoints]:
     """Find the services (see the module docstring); yield their endpoints."""
     database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
     amqp_url = (os.environ.get("AMQP_URL") or DEFAULT_AMQP_URL).split(",")[0]
-    management_url = os.environ.get("RABBITMQ_MANAGEMENT_URL") or _management_from_amqp(amqp_url)
+    management_url = SHELL_MANAGEMENT_URL or url_beside(amqp_url)
     if _reachable(database_url, 5432) and _reachable(amqp_url, 5672):
         yield Endpoints(database_url, amqp_url, management_url)
         return
@@ -110,67 +131,6 @@ def _containers() -> Iterator[Endpoints]:
         amqp = f"amqp://guest:guest@{host}:{rmq.get_exposed_port(5672)}/"
         mgmt = f"http://guest:guest@{host}:{rmq.get_exposed_port(15672)}"
         yield Endpoints(pg.get_connection_url(), amqp, mgmt)
-
-
-def with_database(url: str, name: str) -> str:
-    """``url`` pointing at database ``name``."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
-def with_vhost(url: str, vhost: str) -> str:
-    """``url`` pointing at ``vhost``."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{quote(vhost, safe='')}"))
-
-
-class Management:
-    """The few RabbitMQ management HTTP API calls the tests need."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.base = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port or 15672}"))
-        self.auth = (parts.username or "guest", parts.password or "guest")
-        self.user = self.auth[0]
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        async with httpx.AsyncClient(base_url=self.base, auth=self.auth, timeout=30) as client:
-            response = await client.request(method, f"/api{path}", **kwargs)
-        response.raise_for_status()
-        return response
-
-    async def create_vhost(self, vhost: str) -> None:
-        name = quote(vhost, safe="")
-        await self._call("PUT", f"/vhosts/{name}", json={})
-        permissions = {"configure": ".*", "write": ".*", "read": ".*"}
-        await self._call("PUT", f"/permissions/{name}/{quote(self.user)}", json=permissions)
-
-    async def delete_vhost(self, vhost: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):  # gone already, or its node is down
-            await self._call("DELETE", f"/vhosts/{quote(vhost, safe='')}")
-
-    async def queue_names(self, vhost: str) -> list[str]:
-        response = await self._call(
-            "GET", f"/queues/{quote(vhost, safe='')}", params={"columns": "name"}
-        )
-        return sorted(str(queue["name"]) for queue in response.json())
-
-    async def queue(self, vhost: str, queue: str) -> dict[str, Any]:
-        response = await self._call("GET", f"/queues/{quote(vhost, safe='')}/{quote(queue)}")
-        result: dict[str, Any] = response.json()
-        return result
-
-    async def set_policy(self, vhost: str, name: str, body: dict[str, Any]) -> None:
-        await self._call("PUT", f"/policies/{quote(vhost, safe='')}/{quote(name)}", json=body)
-
-    async def delete_policy(self, vhost: str, name: str) -> None:
-        await self._call("DELETE", f"/policies/{quote(vhost, safe='')}/{quote(name)}")
-
-    async def close_connections(self, vhost: str) -> int:
-        response = await self._call("GET", f"/vhosts/{quote(vhost, safe='')}/connections")
-        names = [conn["name"] for conn in response.json()]
-        for name in names:
-            with contextlib.suppress(httpx.HTTPStatusError):
-                await self._call("DELETE", f"/connections/{quote(name, safe='')}")
-        return len(names)
 
 
 @dataclass(frozen=True)
@@ -233,15 +193,18 @@ async def eventually(
             await asyncio.sleep(every)
 
 
-async def queue_depth(amqp_url: str, queue: str) -> int:
-    """Ready messages in ``queue`` (a passive declare: exact for the broker's view)."""
+async def _declared(amqp_url: str, queue: str) -> QueueCounts:
+    """The broker's figures for ``queue`` (``ChannelNotFoundEntity`` if there is none)."""
     connection = await aio_pika.connect(amqp_url)
     try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
+        return await queue_counts(await connection.channel(), queue)
     finally:
         await connection.close()
+
+
+async def queue_depth(amqp_url: str, queue: str) -> int:
+    """Ready messages in ``queue``."""
+    return (await _declared(amqp_url, queue)).ready
 
 
 async def drain_queue(amqp_url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
@@ -327,22 +290,16 @@ async def publish_raw(
 
 async def consumer_count(amqp_url: str, queue: str = "expirations") -> int:
     """Consumers attached to ``queue``."""
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.consumer_count or 0)
-    finally:
-        await connection.close()
+    return (await _declared(amqp_url, queue)).consumers
 
 
 @contextlib.asynccontextmanager
 async def running_consumer(settings: Settings, **options: Any) -> AsyncIterator[asyncio.Task[None]]:
-    """An in-process consumer (the real ``consume.run``), stopped as SIGTERM would."""
-    from service import consume
+    """An in-process consumer (the real ``process.run``), stopped as SIGTERM would."""
+    from service.worker import process
 
     stop = asyncio.Event()
-    task = asyncio.create_task(consume.run(settings, stop, **options))
+    task = asyncio.create_task(process.run(settings, stop, **options))
     try:
         yield task
     finally:

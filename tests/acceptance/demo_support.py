@@ -1,20 +1,17 @@
-"""Helpers for the demo's acceptance tests: run it, read its summary, look for leftovers."""
+"""Helpers for the demo's and the benchmark's acceptance tests: run them, read the demo's
+summary, look for leftovers (through the service's own management client)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
-from urllib.parse import quote
 
-import httpx
-
+from service.adapters.sandbox import drop_database
+from tests.acceptance.processes import endpoints_env, run
 from tests.support import Endpoints, Management, pg_connection
 
-REPO = Path(__file__).resolve().parents[2]
 SUMMARY_LINE = re.compile(r"^  (?P<label>[a-z][a-z ]+?)\s{2,}(?P<value>\S.*)$")
 CHECK_LINE = re.compile(r"^  \[(?P<status>ok|FAILED)\] (?P<check>.+)$")
 
@@ -23,21 +20,12 @@ def run_demo(
     endpoints: Endpoints, *args: str, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     """``python -m service.demo ARGS`` against the test run's servers (stdout is not a TTY)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
-    env |= {
-        "DATABASE_URL": endpoints.database_url,
-        "AMQP_URL": endpoints.amqp_url,
-        "RABBITMQ_MANAGEMENT_URL": endpoints.management_url,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "service.demo", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run("service.demo", *args, env=endpoints_env(endpoints), timeout=timeout)
+
+
+def run_bench(endpoints: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` against the test run's servers."""
+    return run("bench", *args, env=endpoints_env(endpoints), timeout=180)
 
 
 def summary_of(stdout: str) -> dict[str, str]:
@@ -61,21 +49,20 @@ def logs_dir_of(stdout: str) -> Path:
 
 
 async def database_exists(endpoints: Endpoints, name: str) -> bool:
+    """Whether the server of the test run holds database ``name``."""
     async with pg_connection(endpoints.database_url) as conn:
         found = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
     return found is not None
 
 
 async def vhost_exists(endpoints: Endpoints, name: str) -> bool:
-    management = Management(endpoints.management_url)
-    async with httpx.AsyncClient(base_url=management.base, auth=management.auth) as client:
-        response = await client.get(f"/api/vhosts/{quote(name, safe='')}")
-    return response.status_code == 200
+    """Whether the broker of the test run holds vhost ``name``."""
+    names = await Management(endpoints.management_url).request("GET", "/vhosts", columns="name")
+    return name in {str(vhost["name"]) for vhost in names}
 
 
 async def remove_sandbox(endpoints: Endpoints, name: str) -> None:
     """Remove what a demo run with ``--keep`` left."""
     with contextlib.suppress(Exception):
         await Management(endpoints.management_url).delete_vhost(name)
-    async with pg_connection(endpoints.database_url) as conn:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await drop_database(endpoints.database_url, name)

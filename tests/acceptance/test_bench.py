@@ -5,20 +5,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.demo_support import database_exists, vhost_exists
+from tests.acceptance.demo_support import database_exists, run_bench, vhost_exists
 from tests.support import Endpoints
 
 pytestmark = pytest.mark.acceptance
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine")
 FIGURES = [
     "raw.publish",
@@ -41,25 +37,6 @@ FIGURES = [
     "scan_memory.rate",
 ]
 TARGET_LINE = re.compile(r"^  \[(  met  |NOT MET|  n/a  )\] (?P<what>.+?)\s{2,}(?P<value>\S+)")
-
-
-def run_bench(endpoints: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m bench ARGS`` against the test run's servers, from the repository root."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
-    env |= {
-        "DATABASE_URL": endpoints.database_url,
-        "AMQP_URL": endpoints.amqp_url,
-        "RABBITMQ_MANAGEMENT_URL": endpoints.management_url,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 def section(stdout: str, title: str) -> list[str]:

@@ -5,18 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-from typing import IO
 
 import pytest
 
 from service.adapters.postgres.schema import load_migrations
 from service.core.domain import command_body
+from tests.acceptance.processes import base_env, run, start, stop
 from tests.support import (
     Stack,
     drain_queue,
@@ -30,59 +25,13 @@ from tests.support import (
     wait_for_consumers,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ["service.migrate", "service.produce", "service.consume"]
-
-
-def run(
-    module: str, *args: str, env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m module`` to completion from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-async def start(module: str, *args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    """Start ``python -m module`` in the background, its output going to a file."""
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop(); a pipe would fill up)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, env=env, cwd=REPO, stdout=log, stderr=log
-    )
-    _LOGS[process.pid] = log
-    return process
-
-
-_LOGS: dict[int, IO[bytes]] = {}
-
-
-async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> tuple[int, str]:
-    """Signal a process, wait for it; return its exit code and what it wrote."""
-    if process.returncode is None:
-        process.send_signal(sig)
-    async with asyncio.timeout(60):
-        code = await process.wait()
-    log = _LOGS.pop(process.pid)
-    log.seek(0)
-    output = log.read().decode()
-    log.close()
-    return code, output
-
-
-def _base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
 
 
 @pytest.mark.parametrize("module", COMMANDS)
 def test_every_command_has_help(module: str) -> None:
     """--help works without any service running."""
-    result = run(module, "--help", env=_base_env())
+    result = run(module, "--help", env=base_env())
     assert result.returncode == 0
     assert "usage: python -m" in result.stdout
 
@@ -101,7 +50,7 @@ def test_bad_configuration_is_one_line_naming_the_setting(
 ) -> None:
     """Bad configuration: exit 2, one line that names the setting, no traceback, no password."""
     args = ["--scan"] if module == "service.produce" else []
-    result = run(module, *args, env={**_base_env(), name: value})
+    result = run(module, *args, env={**base_env(), name: value})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

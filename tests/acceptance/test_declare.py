@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from service.core.topology import QUEUE
-from tests.acceptance.test_commands import _base_env, run, start, stop
+from tests.acceptance.processes import base_env, run, start, stop
 from tests.acceptance.test_secrets import CLOSED, ENCODED, SHOWN_NEVER
 from tests.support import Stack, eventually, insert_holds, statuses, wait_for_consumers
 
@@ -34,7 +34,7 @@ def _one_line(stderr: str) -> str:
 
 def test_declare_has_help() -> None:
     """--help works without any service running, and says who runs it."""
-    result = run("service.declare", "--help", env=_base_env())
+    result = run("service.declare", "--help", env=base_env())
     assert result.returncode == 0
     assert "usage: python -m service.declare" in result.stdout
     assert "deploy" in result.stdout
@@ -91,7 +91,7 @@ async def test_drift_stops_declare_consumer_and_scan_with_one_line(stack: Stack)
 async def test_no_password_when_the_broker_is_away() -> None:
     """Closed ports: the declare step says RabbitMQ cannot be reached, never the password."""
     env = {
-        **_base_env(),
+        **base_env(),
         "DATABASE_URL": f"postgresql://appuser:{ENCODED}@{CLOSED}/postgres",
         "AMQP_URL": f"amqp://guest:{ENCODED}@{CLOSED}/",
         "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "3",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,26 +14,18 @@ from tests.support import (
     insert_holds,
     pg_connection,
     publish_raw,
+    run_module,
     running_consumer,
     statuses,
     wait_for_consumers,
 )
 
 pytestmark = pytest.mark.acceptance
-REPO = Path(__file__).resolve().parents[2]
 
 
 def command(stack: Stack, module: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m module`` against the test's stack."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=stack.env(**env),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_module(module, *args, env=stack.env(**env))
 
 
 async def _expired(stack: Stack, count: int) -> bool:

@@ -14,7 +14,7 @@ import aio_pika
 import pytest
 
 from service import produce
-from tests.acceptance.test_commands import run, start, stop
+from tests.acceptance.processes import run, start, stop
 from tests.proxy import tcp_proxy
 from tests.support import Stack, eventually, insert_holds, pg_connection, queue_depth
 

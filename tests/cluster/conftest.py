@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from collections.abc import AsyncIterator, Iterator
-from typing import NoReturn
 
 import pytest
 
+from service.adapters.sandbox import database_created
 from tests.cluster.nodes import RabbitCluster, new_cluster
 from tests.cluster.observe import TRIGGER_SQL, create_vhost, execute
 from tests.cluster.report import RESULTS
 from tests.rabbitnode import ServerUnavailable
-from tests.support import RUN_ID, Endpoints, with_database
+from tests.support import RUN_ID, Endpoints, missing
 
 _numbers = itertools.count(1)
-
-
-def _missing(reason: str) -> NoReturn:
-    """Skip, or fail under CI, because the cluster cannot be set up on this machine."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +25,7 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
     try:
         cluster = new_cluster(tmp_path_factory.mktemp("rabbit-cluster"))
     except ServerUnavailable as exc:
-        _missing(f"no private RabbitMQ cluster: {exc}")
+        missing(f"no private RabbitMQ cluster: {exc}")
     try:
         cluster.start()
         yield cluster
@@ -55,13 +47,9 @@ async def cluster_vhost(rabbit_cluster: RabbitCluster) -> str:
 async def cluster_database(endpoints: Endpoints, template_database: str) -> AsyncIterator[str]:
     """A migrated database of its own with the transition-counting trigger; dropped after."""
     name = f"expiry_cluster_{RUN_ID}_{next(_numbers)}"
-    await execute(endpoints.database_url, f"CREATE DATABASE {name} TEMPLATE {template_database}")
-    url = with_database(endpoints.database_url, name)
-    try:
+    async with database_created(endpoints.database_url, name, template=template_database) as url:
         await execute(url, TRIGGER_SQL)
         yield url
-    finally:
-        await execute(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

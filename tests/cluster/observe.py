@@ -1,8 +1,10 @@
-"""What the test reads: the cluster through a node's management API, the database directly.
+"""What the test reads: the cluster through a node's management API (the service's own
+client), the database directly.
 
 The database check is independent of the service: a trigger that the test
 installs counts every status change (and any delete) of ``reservations``
-into ``cluster_transitions``, beside the service's own audit trail.
+into ``cluster_transitions`` (``tests/faults/checks.py``'s, with its own
+prefix), beside the service's own audit trail.
 """
 
 from __future__ import annotations
@@ -16,47 +18,34 @@ from urllib.parse import quote
 from uuid import UUID
 
 import asyncpg
-import httpx
 
+from service.adapters.amqp.management import Management, ManagementUnavailable
+from service.adapters.sandbox import admin_sql
 from tests.cluster.nodes import ClusterNode
+from tests.faults.checks import transition_trigger
 
 QUEUE = "expirations"
 DEAD_QUEUE = "expirations.dead"
 
 
-async def management_call(
-    node: ClusterNode, method: str, path: str, *, json: Any = None, **params: str
-) -> Any:
-    """``<method> /api<path>`` on ``node``'s management API; the answer's JSON, if any."""
-    async with httpx.AsyncClient(
-        base_url=node.management_url, auth=("guest", "guest"), timeout=10
-    ) as client:
-        response = await client.request(method, f"/api{path}", params=params, json=json)
-    response.raise_for_status()
-    return response.json() if response.content else None
+def management(node: ClusterNode) -> Management:
+    """``node``'s management API, as guest."""
+    return Management(node.management_url, timeout=10)
 
 
 async def create_vhost(node: ClusterNode, vhost: str) -> None:
     """Create ``vhost`` and give guest every permission on it."""
-    name = quote(vhost, safe="")
-    await management_call(node, "PUT", f"/vhosts/{name}", json={})
-    permissions = {"configure": ".*", "write": ".*", "read": ".*"}
-    await management_call(node, "PUT", f"/permissions/{name}/guest", json=permissions)
+    await management(node).create_vhost(vhost)
 
 
 async def queue_view(node: ClusterNode, vhost: str, name: str) -> dict[str, Any]:
     """One queue of ``vhost``, as ``node`` reports it."""
-    path = f"/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
-    view: dict[str, Any] = await management_call(node, "GET", path)
-    return view
+    return await management(node).queue(vhost, name)
 
 
 async def queue_views(node: ClusterNode, vhost: str) -> list[dict[str, Any]]:
     """Every queue of ``vhost``."""
-    views: list[dict[str, Any]] = await management_call(
-        node, "GET", f"/queues/{quote(vhost, safe='')}"
-    )
-    return views
+    return await management(node).queues(vhost)
 
 
 def leader(view: dict[str, Any]) -> str:
@@ -66,12 +55,8 @@ def leader(view: dict[str, Any]) -> str:
 
 async def connection_nodes(node: ClusterNode, vhost: str, prefix: str) -> dict[str, str]:
     """The node of every client connection to ``vhost`` whose name starts with ``prefix``."""
-    found = await management_call(
-        node,
-        "GET",
-        f"/vhosts/{quote(vhost, safe='')}/connections",
-        columns="client_properties,node",
-    )
+    path = f"/vhosts/{quote(vhost, safe='')}/connections"
+    found = await management(node).request("GET", path, columns="client_properties,node")
     nodes: dict[str, str] = {}
     for connection in found:
         name = str(connection.get("client_properties", {}).get("connection_name", ""))
@@ -83,64 +68,23 @@ async def connection_nodes(node: ClusterNode, vhost: str, prefix: str) -> dict[s
 async def close_connections(node: ClusterNode, vhost: str, prefix: str) -> int:
     """Close (through the management API) every connection to ``vhost`` whose client
     named it ``prefix...``; return how many."""
-    found = await management_call(
-        node,
-        "GET",
-        f"/vhosts/{quote(vhost, safe='')}/connections",
-        columns="name,client_properties",
-    )
-    names = [
-        str(connection["name"])
-        for connection in found
-        if str(connection.get("client_properties", {}).get("connection_name", "")).startswith(
-            prefix
-        )
-    ]
-    for name in names:
-        await management_call(node, "DELETE", f"/connections/{quote(name, safe='')}")
-    return len(names)
+    return await management(node).close_connections(vhost, named=prefix)
 
 
 async def eventually(
     check: Callable[[], Awaitable[bool]], *, timeout: float, every: float = 0.25
 ) -> None:
-    """Wait until ``check()`` is true (an HTTP error counts as false), at most ``timeout``."""
+    """Wait until ``check()`` is true (a management API error counts as false), at most
+    ``timeout``."""
     async with asyncio.timeout(timeout):
         while True:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(ManagementUnavailable):
                 if await check():
                     return
             await asyncio.sleep(every)
 
 
-TRIGGER_SQL = """
-CREATE TABLE cluster_transitions (
-    id              bigserial PRIMARY KEY,
-    reservation_id  uuid NOT NULL,
-    from_status     text NOT NULL,
-    to_status       text NOT NULL,
-    at              timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-
-CREATE FUNCTION cluster_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        INSERT INTO cluster_transitions (reservation_id, from_status, to_status)
-        VALUES (OLD.id, OLD.status, 'deleted');
-        RETURN OLD;
-    END IF;
-    INSERT INTO cluster_transitions (reservation_id, from_status, to_status)
-    VALUES (NEW.id, OLD.status, NEW.status);
-    RETURN NEW;
-END;
-$$;
-
-CREATE TRIGGER cluster_transitions_on_update AFTER UPDATE ON reservations
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION cluster_record_transition();
-CREATE TRIGGER cluster_transitions_on_delete AFTER DELETE ON reservations
-    FOR EACH ROW EXECUTE FUNCTION cluster_record_transition();
-"""
+TRIGGER_SQL = transition_trigger("cluster")
 
 # Due one second ago for the first, ``spread`` seconds from now for the last,
 # evenly in between: the scan keeps publishing while the consumers work.
@@ -169,11 +113,7 @@ SELECT r.id, r.status, coalesce(a.n, 0) AS audited, coalesce(c.n, 0) AS changes,
 
 async def execute(url: str, statement: str) -> None:
     """Run one statement on its own connection."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
+    await admin_sql(url, statement)
 
 
 async def insert_spread_holds(url: str, count: int, spread: float) -> list[UUID]:

@@ -34,6 +34,8 @@ from tests.cluster.observe import (
     queue_views,
 )
 from tests.cluster.report import Figures
+from tests.faults.services import RETRY_DELAYS
+from tests.faults.services import service_env as faults_service_env
 from tests.rabbitnode import management_url_beside
 
 Departure = Literal["stop_app", "kill"]
@@ -43,7 +45,6 @@ FAILOVER_SECONDS = 90.0
 STOP_AT = 1 / 3
 SETTLE_SECONDS = 120.0  # after the last hold fell due, for the rest to expire
 CONSUMER_PREFIX = "expiry-consume cluster-consumer"
-RETRY_DELAYS = (1, 2, 4)
 SERVICE_QUEUES = {
     QUEUE,
     DEAD_QUEUE,
@@ -51,21 +52,6 @@ SERVICE_QUEUES = {
     *(f"expirations.retry.{delay}s" for delay in RETRY_DELAYS),
 }
 PUBLISHED = re.compile(r"^scan: published (\d+) command", re.M)
-
-# Short budgets so that retries happen within seconds; the lease stays at its default.
-SERVICE_ENV = {
-    "EXPIRY_RETRY_DELAYS": ",".join(str(delay) for delay in RETRY_DELAYS),
-    "EXPIRY_MAX_ATTEMPTS": "10",
-    "EXPIRY_MAX_AGE_SECONDS": "300",
-    "EXPIRY_LOCK_TIMEOUT_MS": "1000",
-    "EXPIRY_STATEMENT_TIMEOUT_MS": "5000",
-    "EXPIRY_DB_CONNECT_TIMEOUT_SECONDS": "2",
-    "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "5",
-    "EXPIRY_HEARTBEAT_SECONDS": "5",
-    "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
-    "EXPIRY_LOG_FORMAT": "json",
-    "EXPIRY_LOG_LEVEL": "INFO",
-}
 
 
 def setting(name: str, default: float) -> float:
@@ -77,20 +63,8 @@ def setting(name: str, default: float) -> float:
 
 def service_env(amqp_url: str, database_url: str, worker: str) -> dict[str, str]:
     """The environment of one service process (nothing of the shell's EXPIRY_* leaks in)."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
-    }
-    env.update(SERVICE_ENV)
-    env.update(
-        AMQP_URL=amqp_url,
-        DATABASE_URL=database_url,
-        EXPIRY_MANAGEMENT_URL=management_url_beside(amqp_url),
-        EXPIRY_WORKER_ID=worker,
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    management_url = management_url_beside(amqp_url)
+    return faults_service_env(database_url, amqp_url, management_url, EXPIRY_WORKER_ID=worker)
 
 
 @dataclass

@@ -29,11 +29,19 @@ import aio_pika
 import aiormq.exceptions
 import asyncpg
 
+from service.adapters.amqp.queues import queue_counts
+from service.adapters.sandbox import admin_sql
+from tests.support import drain_queue
+
 if TYPE_CHECKING:
     from tests.faults.world import World
 
-TRIGGER_SQL = """
-CREATE TABLE fault_transitions (
+
+def transition_trigger(prefix: str) -> str:
+    """SQL that installs a trigger counting every status change (and any delete) of
+    ``reservations`` into ``<prefix>_transitions`` (the cluster test uses it too)."""
+    return f"""
+CREATE TABLE {prefix}_transitions (
     id              bigserial PRIMARY KEY,
     reservation_id  uuid NOT NULL,
     from_status     text NOT NULL,
@@ -43,25 +51,28 @@ CREATE TABLE fault_transitions (
     application     text NOT NULL DEFAULT current_setting('application_name')
 );
 
-CREATE FUNCTION fault_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION {prefix}_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO fault_transitions (reservation_id, from_status, to_status)
+        INSERT INTO {prefix}_transitions (reservation_id, from_status, to_status)
         VALUES (OLD.id, OLD.status, 'deleted');
         RETURN OLD;
     END IF;
-    INSERT INTO fault_transitions (reservation_id, from_status, to_status)
+    INSERT INTO {prefix}_transitions (reservation_id, from_status, to_status)
     VALUES (NEW.id, OLD.status, NEW.status);
     RETURN NEW;
 END;
 $$;
 
-CREATE TRIGGER fault_transitions_on_update AFTER UPDATE ON reservations
+CREATE TRIGGER {prefix}_transitions_on_update AFTER UPDATE ON reservations
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION fault_record_transition();
-CREATE TRIGGER fault_transitions_on_delete AFTER DELETE ON reservations
-    FOR EACH ROW EXECUTE FUNCTION fault_record_transition();
+    EXECUTE FUNCTION {prefix}_record_transition();
+CREATE TRIGGER {prefix}_transitions_on_delete AFTER DELETE ON reservations
+    FOR EACH ROW EXECUTE FUNCTION {prefix}_record_transition();
 """
+
+
+TRIGGER_SQL = transition_trigger("fault")
 
 STATE_SQL = """
 SELECT r.id, r.status, r.updated_at = r.created_at AS untouched,
@@ -94,11 +105,7 @@ SELECT count(*) FROM reservations
 
 async def install_transition_trigger(url: str) -> None:
     """Install the independent transition counter in a migrated database."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(TRIGGER_SQL)
-    finally:
-        await conn.close()
+    await admin_sql(url, TRIGGER_SQL)
 
 
 @dataclass
@@ -212,8 +219,7 @@ async def queue_depths(amqp_url: str, queues: list[str]) -> dict[str, int] | Non
     try:
         channel = await connection.channel()
         for name in queues:
-            declared = await channel.declare_queue(name, passive=True)
-            depths[name] = int(declared.declaration_result.message_count or 0)
+            depths[name] = (await queue_counts(channel, name)).ready
     except (aiormq.exceptions.AMQPError, OSError, TimeoutError):
         return None
     finally:
@@ -229,9 +235,7 @@ async def consumer_count(amqp_url: str, queue: str = "expirations") -> int:
     except (OSError, aiormq.exceptions.AMQPError, TimeoutError):
         return 0
     try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.consumer_count or 0)
+        return (await queue_counts(await connection.channel(), queue)).consumers
     except (aiormq.exceptions.AMQPError, OSError, TimeoutError):
         return 0
     finally:
@@ -289,21 +293,6 @@ async def settle(world: World, expect: Expectation, timeout: float) -> bool:
     return True
 
 
-async def drain(amqp_url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
-    """Take (and ack) every ready message of ``queue``."""
-    taken: list[aio_pika.abc.AbstractIncomingMessage] = []
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        q = await channel.get_queue(queue)
-        while (message := await q.get(fail=False, timeout=5)) is not None:
-            await message.ack()
-            taken.append(message)
-    finally:
-        await connection.close()
-    return taken
-
-
 def reservation_of(message: aio_pika.abc.AbstractIncomingMessage) -> str:
     """The reservation id a command names, or ``<unreadable>``."""
     with contextlib.suppress(ValueError, TypeError, AttributeError):
@@ -333,7 +322,7 @@ async def verify(world: World, expect: Expectation, *, settled: bool = True) -> 
     assert depths is not None, "the broker does not answer"
     if any(depths.values()):
         problems.append(f"queues not drained: { {k: v for k, v in depths.items() if v} }")
-    dead = await drain(world.amqp_url, DEAD_QUEUE)
+    dead = await drain_queue(world.amqp_url, DEAD_QUEUE)
     found = Counter(reservation_of(m) for m in dead)
     wanted = Counter(str(i) for i in expect.dead)
     if found != wanted:

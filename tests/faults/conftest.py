@@ -4,10 +4,8 @@ it), and a world per scenario. Prints every scenario's figures at the end."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
@@ -15,14 +13,7 @@ from tests.faults.nodes import PgCluster
 from tests.faults.report import RESULTS
 from tests.faults.world import World, open_world
 from tests.rabbitnode import RabbitNode, ServerUnavailable
-from tests.support import Endpoints
-
-
-def _missing(reason: str) -> NoReturn:
-    """Skip, or fail under CI, because a private server cannot be set up here."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
+from tests.support import Endpoints, missing
 
 
 @pytest.fixture(scope="session")
@@ -31,12 +22,12 @@ def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode
     try:
         node = RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
     except ServerUnavailable as exc:
-        _missing(f"no private RabbitMQ node: {exc}")
+        missing(f"no private RabbitMQ node: {exc}")
     try:
         node.start()
     except ServerUnavailable as exc:
         node.shutdown()
-        _missing(f"no private RabbitMQ node: {exc}")
+        missing(f"no private RabbitMQ node: {exc}")
     yield node
     node.shutdown()
 
@@ -47,12 +38,12 @@ def pg_cluster() -> Iterator[PgCluster]:
     try:
         cluster = PgCluster()
     except ServerUnavailable as exc:
-        _missing(f"no private PostgreSQL cluster: {exc}")
+        missing(f"no private PostgreSQL cluster: {exc}")
     try:
         cluster.create()
     except ServerUnavailable as exc:
         cluster.drop()
-        _missing(f"no private PostgreSQL cluster: {exc}")
+        missing(f"no private PostgreSQL cluster: {exc}")
     yield cluster
     cluster.drop()
 

@@ -1,5 +1,5 @@
-"""The service's real commands as subprocesses, with their output in files
-(shared with the cluster test, ``tests/cluster/fleet.py``).
+"""The service's real commands as subprocesses, with their output in files, and the
+environment they run with (shared with the cluster test, ``tests/cluster/fleet.py``).
 
 Every process of a scenario belongs to its ``Fleet``, which reaps whatever
 is still alive at the end (by pid, SIGKILL), so no test leaves a consumer
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -18,6 +19,45 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+RETRY_DELAYS = (1, 2, 4)
+
+# Short budgets so that retries happen within seconds; everything else (the publish
+# lease too) is the service's default.
+SERVICE_ENV = {
+    "EXPIRY_RETRY_DELAYS": ",".join(str(d) for d in RETRY_DELAYS),
+    "EXPIRY_MAX_ATTEMPTS": "10",
+    "EXPIRY_MAX_AGE_SECONDS": "300",
+    "EXPIRY_LOCK_TIMEOUT_MS": "1000",
+    "EXPIRY_STATEMENT_TIMEOUT_MS": "5000",
+    "EXPIRY_DB_CONNECT_TIMEOUT_SECONDS": "2",
+    "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "5",
+    "EXPIRY_HEARTBEAT_SECONDS": "5",
+    "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
+    "EXPIRY_LOG_FORMAT": "json",
+    "EXPIRY_LOG_LEVEL": "INFO",
+}
+
+
+def service_env(
+    database_url: str, amqp_url: str, management_url: str, **overrides: str
+) -> dict[str, str]:
+    """The environment of one service process: nothing of the shell's ``EXPIRY_*`` or
+    servers leaks in; the short budgets, the given servers; ``overrides`` win."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
+    }
+    env.update(SERVICE_ENV)
+    env.update(
+        DATABASE_URL=database_url,
+        AMQP_URL=amqp_url,
+        EXPIRY_MANAGEMENT_URL=management_url,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(overrides)
+    return env
 
 
 @dataclass(eq=False)

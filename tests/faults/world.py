@@ -4,46 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-
+from service.adapters.sandbox import sandbox_created
 from tests.faults.checks import install_transition_trigger
 from tests.faults.nodes import PgCluster
-from tests.faults.services import Fleet, ServiceProcess
+from tests.faults.services import RETRY_DELAYS, Fleet, ServiceProcess, service_env
 from tests.rabbitnode import RabbitNode
 from tests.support import Management
 
 RUN = secrets.token_hex(3)
 _numbers = itertools.count(1)
-
-RETRY_DELAYS = (1, 2, 4)
-
-# Short budgets so that a scenario's retries happen within seconds; everything
-# else is the service's default.
-SERVICE_ENV = {
-    "EXPIRY_RETRY_DELAYS": ",".join(str(d) for d in RETRY_DELAYS),
-    "EXPIRY_MAX_ATTEMPTS": "10",
-    "EXPIRY_MAX_AGE_SECONDS": "300",
-    "EXPIRY_LOCK_TIMEOUT_MS": "1000",
-    "EXPIRY_STATEMENT_TIMEOUT_MS": "5000",
-    "EXPIRY_DB_CONNECT_TIMEOUT_SECONDS": "2",
-    "EXPIRY_PUBLISH_TIMEOUT_SECONDS": "5",
-    "EXPIRY_HEARTBEAT_SECONDS": "5",
-    "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
-    "EXPIRY_LOG_FORMAT": "json",
-    "EXPIRY_LOG_LEVEL": "INFO",
-}
-
-
-def with_database(url: str, name: str) -> str:
-    """``url`` pointing at database ``name``."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
 @dataclass
@@ -68,22 +42,9 @@ class World:
         return self.node.amqp_url(self.vhost)
 
     def env(self, **overrides: str) -> dict[str, str]:
-        """Environment of a service process of this world (``overrides`` win)."""
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith("EXPIRY_") and key not in ("DATABASE_URL", "AMQP_URL")
-        }
-        env.update(SERVICE_ENV)
-        env.update(
-            DATABASE_URL=self.database_url,
-            AMQP_URL=self.amqp_url,
-            # The private node's management API (the credentials are AMQP_URL's).
-            EXPIRY_MANAGEMENT_URL=self.node.management_url,
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(overrides)
-        return env
+        """Environment of a service process of this world (``overrides`` win); the private
+        node's management API, with the credentials of AMQP_URL."""
+        return service_env(self.database_url, self.amqp_url, self.node.management_url, **overrides)
 
     async def declare(self) -> ServiceProcess:
         """Run ``python -m service.declare`` (the deploy's step) to completion."""
@@ -115,14 +76,6 @@ class World:
         return [f"expirations.retry.{delay}s" for delay in self.retry_delays]
 
 
-async def _admin(url: str, statement: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 @contextlib.asynccontextmanager
 async def open_world(
     admin_url: str, node: RabbitNode, workdir: Path, cluster: PgCluster | None = None
@@ -130,32 +83,39 @@ async def open_world(
     """Create the database (migrated by ``python -m service.migrate``) and the vhost, with
     the topology declared by ``python -m service.declare``, as a deploy does."""
     number = next(_numbers)
-    name = f"faults_{RUN}_{number}"
-    vhost = f"faults-{RUN}-{number}"
-    await _admin(admin_url, f"CREATE DATABASE {name}")
     management = Management(node.management_url)
-    world = World(
-        name=name,
-        database_url=with_database(admin_url, name),
-        admin_url=admin_url,
-        vhost=vhost,
-        node=node,
-        management=management,
-        workdir=workdir,
-        fleet=Fleet(workdir),
-        cluster=cluster,
-    )
-    try:
-        await management.create_vhost(vhost)
-        migrate = await world.fleet.run("service.migrate", name="migrate", env=world.env())
-        assert migrate.returncode == 0, migrate.text()
-        declare = await world.declare()
-        assert declare.returncode == 0, declare.text()
-        await install_transition_trigger(world.database_url)
-        yield world
-    finally:
-        await world.fleet.reap()
-        await management.delete_vhost(vhost)
-        if cluster is not None and not cluster.is_running():
-            cluster.start()
-        await _admin(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    async with sandbox_created(
+        admin_url,
+        (node.amqp_url(),),
+        management,
+        database=f"faults_{RUN}_{number}",
+        vhost=f"faults-{RUN}-{number}",
+        lenient=True,  # the node may be down at the end of a scenario
+    ) as box:
+        world = World(
+            name=box.database,
+            database_url=box.database_url,
+            admin_url=admin_url,
+            vhost=box.vhost,
+            node=node,
+            management=management,
+            workdir=workdir,
+            fleet=Fleet(workdir),
+            cluster=cluster,
+        )
+        try:
+            await _deploy(world)
+            yield world
+        finally:
+            await world.fleet.reap()
+            if cluster is not None and not cluster.is_running():
+                cluster.start()  # to drop the database
+
+
+async def _deploy(world: World) -> None:
+    """Migrate and declare as a deploy does; install the transition counter."""
+    migrate = await world.fleet.run("service.migrate", name="migrate", env=world.env())
+    assert migrate.returncode == 0, migrate.text()
+    declare = await world.declare()
+    assert declare.returncode == 0, declare.text()
+    await install_transition_trigger(world.database_url)

@@ -116,41 +116,35 @@ class BrokerAdmin(Management):
     @classmethod
     def like(cls, management: Management) -> BrokerAdmin:
         """An admin client with the same endpoint and credentials."""
-        user, password = management.auth
-        parts = urlsplit(management.base)
-        return cls(with_credentials(urlunsplit(parts), user, password))
+        return cls(management.base, user=management.user, password=management.password)
 
     async def import_definitions(self, vhost: str, body: dict[str, Any]) -> None:
-        await self._call("POST", f"/definitions/{quote(vhost, safe='')}", json=body)
+        """Import vhost-scoped definitions into ``vhost``."""
+        await self.request("POST", f"/definitions/{quote(vhost, safe='')}", body)
 
     async def queue_arguments(self, vhost: str) -> dict[str, dict[str, Any]]:
-        response = await self._call("GET", f"/queues/{quote(vhost, safe='')}")
-        return {q["name"]: q["arguments"] for q in response.json()}
+        """Each queue's arguments, by name."""
+        return {q["name"]: q["arguments"] for q in await self.queues(vhost)}
 
     async def exchange_names(self, vhost: str) -> set[str]:
-        response = await self._call("GET", f"/exchanges/{quote(vhost, safe='')}")
-        return {e["name"] for e in response.json() if not _BUILTIN_EXCHANGE.match(e["name"])}
+        """The exchanges of ``vhost`` that are not the broker's own."""
+        found = await self.request("GET", f"/exchanges/{quote(vhost, safe='')}")
+        return {e["name"] for e in found if not _BUILTIN_EXCHANGE.match(e["name"])}
 
     async def bindings(self, vhost: str) -> set[tuple[str, str, str]]:
-        response = await self._call("GET", f"/bindings/{quote(vhost, safe='')}")
-        return {
-            (b["source"], b["destination"], b["routing_key"])
-            for b in response.json()
-            if b["source"]
-        }
+        """(source, destination, routing key) of every binding but the default ones."""
+        found = await self.request("GET", f"/bindings/{quote(vhost, safe='')}")
+        return {(b["source"], b["destination"], b["routing_key"]) for b in found if b["source"]}
 
     async def create_user(self, name: str, *, tags: str = "", **credentials: str) -> None:
         """``credentials``: ``password=...``, or ``password_hash=...`` and ``hashing_algorithm``;
         ``tags`` comma-separated."""
         body = {"tags": tags, **credentials}
-        await self._call("PUT", f"/users/{quote(name, safe='')}", json=body)
+        await self.request("PUT", f"/users/{quote(name, safe='')}", body)
 
     async def delete_user(self, name: str) -> None:
-        await self._call("DELETE", f"/users/{quote(name, safe='')}")
-
-    async def set_permissions(self, vhost: str, user: str, permissions: dict[str, str]) -> None:
-        path = f"/permissions/{quote(vhost, safe='')}/{quote(user, safe='')}"
-        await self._call("PUT", path, json=permissions)
+        """Delete user ``name``."""
+        await self.request("DELETE", f"/users/{quote(name, safe='')}")
 
 
 @contextlib.asynccontextmanager

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 from uuid import UUID
 
 import aio_pika
@@ -20,6 +18,7 @@ from tests.support import (
     pg_connection,
     publish_raw,
     queue_depth,
+    run_module,
     running_consumer,
     statuses,
     transitions_per_reservation,
@@ -27,7 +26,6 @@ from tests.support import (
 )
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 OPERATORS = "alice,bob,carol"
@@ -36,15 +34,8 @@ OPERATORS = "alice,bob,carol"
 def deadletters(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m service.deadletters`` against the test's stack (alice, bob and carol
     may replay, unless ``env`` says otherwise)."""
-    return subprocess.run(
-        [sys.executable, "-m", "service.deadletters", *args],
-        env=stack.env(**{"EXPIRY_REPLAY_OPERATORS": OPERATORS, **env}),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"EXPIRY_REPLAY_OPERATORS": OPERATORS, **env}
+    return run_module("service.deadletters", *args, env=stack.env(**env))
 
 
 async def _records(stack: Stack) -> dict[str, dict[str, object]]:

@@ -1,4 +1,5 @@
-"""Unit tests for what service.deadletters prints: sender-made text is shown inert."""
+"""Unit tests for ``service.deadletters`` and ``service/ops/dead_letters.py``: sender-made text
+is shown inert, and who may replay."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from service import deadletters
 from service.adapters import postgres
-from service.deadletters import render_table
+from service.ops import dead_letters
+from service.ops.dead_letters import render_table
 from service.settings import Settings
 
 
@@ -57,16 +59,16 @@ async def test_replay_all_is_confirmed_at_a_terminal_or_by_yes(
     monkeypatch.setattr("builtins.input", fake_input)
     args = argparse.Namespace(all=True, yes=yes)
     actor = postgres.Actor("alice", "root", "host")
-    assert await deadletters._unconfirmed(args, actor, 3) == refused
+    assert await deadletters.unconfirmed(args, actor, 3) == refused
     assert asked == (["replay 3 dead letter(s) as alice? [y/N] "] if answer is not None else [])
 
 
 def test_only_listed_operators_may_replay() -> None:
     """No list refuses everyone; a list refuses anyone not on it."""
     actor = postgres.Actor("mallory", "root", "host")
-    assert "nobody may replay" in str(deadletters._refusal(Settings(), actor))
+    assert "nobody may replay" in str(dead_letters.refusal(Settings(), actor))
     allowed = Settings(replay_operators=("alice", "mallory"))
-    assert deadletters._refusal(allowed, actor) is None
+    assert dead_letters.refusal(allowed, actor) is None
     assert "may not replay" in str(
-        deadletters._refusal(Settings(replay_operators=("alice",)), actor)
+        dead_letters.refusal(Settings(replay_operators=("alice",)), actor)
     )

@@ -1,13 +1,27 @@
-"""Unit tests for the management API reading: where it is, and how what it says differs."""
+"""Unit tests for the management API: where it is, how what it says differs, and the client."""
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import pytest
 
 from service.adapters.amqp import management
-from service.adapters.amqp.management import Drift, Observed, drift, endpoint_for, parse_observed
+from service.adapters.amqp.management import (
+    Drift,
+    Management,
+    ManagementUnavailable,
+    Observed,
+    drift,
+    endpoint_for,
+    parse_observed,
+)
 from service.core import topology
 from service.settings import Settings
 
@@ -50,7 +64,7 @@ def test_default_endpoint_is_beside_the_first_node_with_its_credentials_and_vhos
     endpoint = endpoint_for(settings)
     assert endpoint.base == "http://rabbit1:15672"
     assert (endpoint.user, endpoint.password, endpoint.vhost) == ("svc", "p@ss", "orders")
-    assert endpoint.url("queues", "name") == "http://rabbit1:15672/api/queues/orders?columns=name"
+    assert endpoint.client().base == "http://rabbit1:15672"
 
 
 @pytest.mark.parametrize(
@@ -84,7 +98,7 @@ def test_an_explicit_url_with_credentials_uses_them() -> None:
     endpoint = endpoint_for(_settings("amqp://svc:pw@h/v", "http://watch:s%3Acret@[::1]:15673"))
     assert endpoint.base == "http://[::1]:15673"
     assert (endpoint.user, endpoint.password) == ("watch", "s:cret")
-    assert endpoint.authorization == "Basic d2F0Y2g6czpjcmV0"
+    assert endpoint.client().authorization == "Basic d2F0Y2g6czpjcmV0"
 
 
 def test_the_declared_topology_shows_no_drift() -> None:
@@ -183,3 +197,110 @@ def test_a_malformed_answer_is_a_value_error(queues: Any) -> None:
     """An answer that is not a list of objects with names is refused, not half-read."""
     with pytest.raises(ValueError, match="unexpected answer"):
         parse_observed(queues, [], [])
+
+
+# -- the client, against a local stand-in for the API ------------------------------------
+
+
+@dataclass
+class Call:
+    """One request the stand-in received."""
+
+    method: str
+    path: str
+    authorization: str
+    body: Any
+
+
+class _StandIn(BaseHTTPRequestHandler):
+    """Answers from ``ANSWERS`` (path -> status, body); records every call in ``CALLS``."""
+
+    answers: ClassVar[dict[str, tuple[int, bytes]]] = {}
+    calls: ClassVar[list[Call]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.calls.append(Call(self.command, self.path, self.headers["authorization"], body))
+        status, text = self.answers.get(self.path, (204, b""))
+        self.send_response(status)
+        self.send_header("content-length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    do_GET = do_PUT = do_DELETE = do_POST = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def stand_in() -> Iterator[str]:
+    """A local HTTP server standing in for the management API; its base URL."""
+    _StandIn.answers, _StandIn.calls = {}, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://admin:s%3Acret@127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_the_client_logs_in_with_the_urls_credentials_and_quotes_names(
+    stand_in: str,
+) -> None:
+    """A vhost is created with a JSON body, then the AMQP user is given every permission."""
+    client = Management(stand_in)
+    await client.create_vhost("a/b", "svc")
+    put_vhost, put_permissions = _StandIn.calls
+    assert (put_vhost.method, put_vhost.path, put_vhost.body) == ("PUT", "/api/vhosts/a%2Fb", {})
+    assert put_vhost.authorization == "Basic " + base64.b64encode(b"admin:s:cret").decode()
+    assert put_permissions.path == "/api/permissions/a%2Fb/svc"
+    assert put_permissions.body == {"configure": ".*", "write": ".*", "read": ".*"}
+
+
+async def test_the_client_reads_json_and_passes_columns(stand_in: str) -> None:
+    """A GET answers parsed JSON; ``columns`` goes in the query as given."""
+    _StandIn.answers["/api/queues/v?columns=name"] = (200, b'[{"name": "b"}, {"name": "a"}]')
+    assert await Management(stand_in).queue_names("v") == ["a", "b"]
+
+
+async def test_a_refusal_carries_its_http_status(stand_in: str) -> None:
+    """HTTP 404: ``ManagementUnavailable`` with the status and the request in its message."""
+    _StandIn.answers["/api/queues/v/q"] = (404, b'{"error": "Object Not Found"}')
+    with pytest.raises(ManagementUnavailable) as caught:
+        await Management(stand_in).queue("v", "q")
+    assert caught.value.status == 404
+    assert str(caught.value) == "GET /api/queues/v/q: HTTP 404 Not Found"
+
+
+async def test_an_answer_that_is_not_json_is_unavailable(stand_in: str) -> None:
+    """An answer that does not parse is not half-read."""
+    _StandIn.answers["/api/overview"] = (200, b"<html>")
+    with pytest.raises(ManagementUnavailable, match=r"^GET /api/overview: the answer is not JSON$"):
+        await Management(stand_in).request("GET", "/overview")
+
+
+async def test_an_unreachable_api_is_unavailable() -> None:
+    """Nothing listens: ``ManagementUnavailable`` saying so, without a status."""
+    with pytest.raises(ManagementUnavailable, match="unreachable") as caught:
+        await Management("http://127.0.0.1:1", timeout=2).delete_vhost("v")
+    assert caught.value.status is None
+
+
+async def test_closing_connections_picks_them_by_client_name(stand_in: str) -> None:
+    """Only connections whose client named them ``named...`` are closed; one gone meanwhile
+    (404) still counts."""
+    listed = [
+        {"name": "c 1", "client_properties": {"connection_name": "expiry-consume w1"}},
+        {"name": "c 2", "client_properties": {"connection_name": "other"}},
+        {"name": "c 3", "client_properties": {}},
+    ]
+    _StandIn.answers["/api/vhosts/v/connections?columns=name,client_properties"] = (
+        200,
+        json.dumps(listed).encode(),
+    )
+    _StandIn.answers["/api/connections/c%201"] = (404, b"{}")
+    assert await Management(stand_in).close_connections("v", named="expiry-consume") == 1
+    assert [c.path for c in _StandIn.calls if c.method == "DELETE"] == ["/api/connections/c%201"]
+    assert await Management(stand_in).close_connections("v") == 3

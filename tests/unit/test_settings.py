@@ -64,6 +64,8 @@ def test_dotenv_file_is_read(tmp_path: Path) -> None:
         ("EXPIRY_RETRY_DELAYS", "5,1", "EXPIRY_RETRY_DELAYS: must be strictly increasing"),
         ("EXPIRY_RETRY_DELAYS", "1,-5", "EXPIRY_RETRY_DELAYS: Input should be greater than 0"),
         ("EXPIRY_LOG_LEVEL", "LOUD", "EXPIRY_LOG_LEVEL: Input should be"),
+        ("EXPIRY_MANAGEMENT_URL", "ftp://x", "EXPIRY_MANAGEMENT_URL: must be an http://"),
+        ("RABBITMQ_MANAGEMENT_URL", "", "RABBITMQ_MANAGEMENT_URL: must be an http://"),
     ],
 )
 def test_bad_values_name_the_setting(
@@ -75,6 +77,19 @@ def test_bad_values_name_the_setting(
         load_settings()
     assert str(caught.value).startswith(message)
     assert "\n" not in str(caught.value)
+
+
+def test_a_setting_read_under_two_names_is_named_as_it_was_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EXPIRY_MANAGEMENT_URL wins over RABBITMQ_MANAGEMENT_URL, and a bad one is named."""
+    monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", "http://fallback:15672")
+    assert load_settings().management_url == "http://fallback:15672"
+    monkeypatch.setenv("EXPIRY_MANAGEMENT_URL", "http://own:15672")
+    assert load_settings().management_url == "http://own:15672"
+    monkeypatch.setenv("EXPIRY_MANAGEMENT_URL", "nonsense")
+    with pytest.raises(ConfigError, match=r"^EXPIRY_MANAGEMENT_URL: "):
+        load_settings()
 
 
 def test_config_error_never_shows_a_password(monkeypatch: pytest.MonkeyPatch) -> None:

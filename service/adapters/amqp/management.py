@@ -1,23 +1,26 @@
-"""The RabbitMQ management API, read only: what it says about the topology.
+"""The RabbitMQ management HTTP API: the one client, and what it says about the topology.
 
 Queue arguments cannot be read over AMQP (a passive declare tells only that a
 queue exists), so the running processes, which may not declare, read them
-here: three GETs (queues, exchanges, bindings of the vhost), standard-library
-HTTP in a thread. Where the API is (``endpoint_for``), what the answers mean
-(``parse_observed``) and how they differ from the topology (``drift``) are
-pure.
+here: three GETs (queues, exchanges, bindings of the vhost). The demo, the
+benchmark and the tests use the same client (``Management``) to make and
+remove vhosts, grant permissions, set policies, look at queues and close
+connections. Standard-library HTTP, run in a thread. Where the API is
+(``endpoint_for``), what the answers mean (``parse_observed``) and how they
+differ from the topology (``drift``) are pure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.error import HTTPError, URLError
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 from urllib.request import Request, urlopen
 
 from service.core.topology import ExchangeSpec, QueueSpec, Topology
@@ -28,10 +31,132 @@ READ_TIMEOUT_SECONDS = 5.0
 QUEUE_COLUMNS = "name,durable,auto_delete,arguments"
 EXCHANGE_COLUMNS = "name,type,durable,auto_delete,internal,arguments"
 BINDING_COLUMNS = "source,destination,destination_type,routing_key"
+EVERYTHING = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
 class ManagementUnavailable(Exception):
     """The management API could not be read (unreachable, refused, or answered nonsense)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status of a refusal, e.g. 401 or 404
+
+
+def _name(text: str) -> str:
+    return quote(text, safe="")
+
+
+class Management:
+    """The API at ``url``, logged in as ``user`` (default: the URL's user, else guest)."""
+
+    def __init__(
+        self, url: str, *, user: str | None = None, password: str | None = None, timeout: float = 30
+    ) -> None:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+        self.base = f"{parts.scheme}://{_host(parts.hostname)}{port}{parts.path.rstrip('/')}"
+        self.user = user if user is not None else unquote(parts.username or "guest")
+        self.password = password if password is not None else unquote(parts.password or "guest")
+        self.timeout = timeout
+
+    @property
+    def authorization(self) -> str:
+        """The HTTP basic ``Authorization`` header value."""
+        pair = f"{self.user}:{self.password}".encode()
+        return "Basic " + base64.b64encode(pair).decode()
+
+    async def request(
+        self, method: str, path: str, body: Any = None, *, label: str = "", **query: str
+    ) -> Any:
+        """``METHOD /api<path>``: the answer's JSON (None if empty), or ``ManagementUnavailable``
+        (told as ``label``, default the method and the path)."""
+        label = label or f"{method} /api{path}"
+        return await asyncio.to_thread(self._send, method, path, body, label, query)
+
+    def _send(self, method: str, path: str, body: Any, label: str, query: dict[str, str]) -> Any:
+        url = f"{self.base}/api{path}" + (f"?{urlencode(query, safe=',')}" if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        request = Request(url, data=data, method=method)
+        request.add_header("authorization", self.authorization)
+        if method == "GET":  # (some other answers are not JSON: HTTP 406 when asked for it)
+            request.add_header("accept", "application/json")
+        if data is not None:
+            request.add_header("content-type", "application/json")
+        try:
+            with urlopen(request, timeout=self.timeout) as response:
+                text = response.read()
+            return json.loads(text) if text else None
+        except HTTPError as exc:
+            exc.close()  # its answer's connection
+            message = f"{label}: HTTP {exc.code} {exc.reason}"
+            raise ManagementUnavailable(message, status=exc.code) from None
+        except URLError as exc:
+            raise ManagementUnavailable(f"{label}: unreachable ({exc.reason})") from None
+        except (OSError, http.client.HTTPException) as exc:  # a timeout, a reset
+            raise ManagementUnavailable(f"{label}: {type(exc).__name__}: {exc}") from None
+        except ValueError:
+            raise ManagementUnavailable(f"{label}: the answer is not JSON") from None
+
+    async def create_vhost(self, vhost: str, user: str | None = None) -> None:
+        """Create ``vhost`` and let ``user`` (default: this client's) do anything in it."""
+        await self.request("PUT", f"/vhosts/{_name(vhost)}", {})
+        await self.set_permissions(vhost, user or self.user, EVERYTHING)
+
+    async def delete_vhost(self, vhost: str) -> None:
+        """Delete ``vhost`` and everything in it."""
+        await self.request("DELETE", f"/vhosts/{_name(vhost)}")
+
+    async def set_permissions(self, vhost: str, user: str, permissions: Mapping[str, str]) -> None:
+        """Give ``user`` these configure/write/read patterns in ``vhost``."""
+        await self.request("PUT", f"/permissions/{_name(vhost)}/{_name(user)}", dict(permissions))
+
+    async def queues(self, vhost: str, **query: str) -> list[dict[str, Any]]:
+        """Every queue of ``vhost`` (``columns=...`` to ask for less)."""
+        found: list[dict[str, Any]] = await self.request("GET", f"/queues/{_name(vhost)}", **query)
+        return found
+
+    async def queue_names(self, vhost: str) -> list[str]:
+        """The names of the queues of ``vhost``, sorted."""
+        return sorted(str(queue["name"]) for queue in await self.queues(vhost, columns="name"))
+
+    async def queue(self, vhost: str, name: str) -> dict[str, Any]:
+        """One queue of ``vhost``, as the API shows it."""
+        found: dict[str, Any] = await self.request("GET", f"/queues/{_name(vhost)}/{_name(name)}")
+        return found
+
+    async def set_policy(self, vhost: str, name: str, body: Mapping[str, Any]) -> None:
+        """Create or replace policy ``name`` of ``vhost``."""
+        await self.request("PUT", f"/policies/{_name(vhost)}/{_name(name)}", dict(body))
+
+    async def delete_policy(self, vhost: str, name: str) -> None:
+        """Remove policy ``name`` of ``vhost``."""
+        await self.request("DELETE", f"/policies/{_name(vhost)}/{_name(name)}")
+
+    async def close_connections(self, vhost: str, *, named: str = "") -> int:
+        """Close every connection to ``vhost`` that its client named ``named...``; how many."""
+        path = f"/vhosts/{_name(vhost)}/connections"
+        found = await self.request("GET", path, columns="name,client_properties")
+        names = [
+            str(each["name"])
+            for each in found
+            if str((each.get("client_properties") or {}).get("connection_name", "")).startswith(
+                named
+            )
+        ]
+        for name in names:
+            try:
+                await self.request("DELETE", f"/connections/{_name(name)}")
+            except ManagementUnavailable as exc:
+                if exc.status != 404:  # not gone meanwhile
+                    raise
+        return len(names)
+
+
+def url_beside(amqp_url: str) -> str:
+    """The management API beside an AMQP node: http, its host, port 15672, its credentials."""
+    parts = urlsplit(amqp_url)
+    user, password = parts.username or "guest", parts.password or "guest"
+    return f"http://{user}:{password}@{_host(parts.hostname)}:{MANAGEMENT_PORT}"
 
 
 @dataclass(frozen=True)
@@ -43,15 +168,9 @@ class Endpoint:
     password: str
     vhost: str
 
-    def url(self, collection: str, columns: str) -> str:
-        """The URL of one of the vhost's collections, e.g. ``queues``."""
-        return f"{self.base}/api/{collection}/{quote(self.vhost, safe='')}?columns={columns}"
-
-    @property
-    def authorization(self) -> str:
-        """The HTTP basic ``Authorization`` header value."""
-        pair = f"{self.user}:{self.password}".encode()
-        return "Basic " + base64.b64encode(pair).decode()
+    def client(self, timeout: float = READ_TIMEOUT_SECONDS) -> Management:
+        """A client of this endpoint."""
+        return Management(self.base, user=self.user, password=self.password, timeout=timeout)
 
 
 def endpoint_for(settings: Settings) -> Endpoint:
@@ -66,9 +185,7 @@ def endpoint_for(settings: Settings) -> Endpoint:
     given = urlsplit(settings.management_url)
     if given.username is not None:
         user, password = unquote(given.username), unquote(given.password or "")
-    port = f":{given.port}" if given.port else ""
-    base = f"{given.scheme}://{_host(given.hostname)}{port}{given.path.rstrip('/')}"
-    return Endpoint(base, user, password, vhost)
+    return Endpoint(Management(settings.management_url).base, user, password, vhost)
 
 
 def _host(hostname: str | None) -> str:
@@ -131,12 +248,7 @@ def _all_drift(topology: Topology, observed: Observed) -> Iterator[Drift]:
 def _exchange_details(spec: ExchangeSpec, seen: Mapping[str, Any] | None) -> tuple[str, ...]:
     if seen is None:  # not listed (yet): its existence is the passive declare's to tell
         return ()
-    expected = {
-        "type": spec.type,
-        "durable": True,
-        "auto_delete": False,
-        "internal": False,
-    }
+    expected = {"type": spec.type, "durable": True, "auto_delete": False, "internal": False}
     return (*_field_details(expected, seen), *argument_details({}, seen.get("arguments")))
 
 
@@ -187,12 +299,14 @@ def _same(seen: Any, expected: Any) -> bool:
 
 async def read_observed(endpoint: Endpoint, timeout: float = READ_TIMEOUT_SECONDS) -> Observed:
     """Read the vhost's queues, exchanges and bindings; ``ManagementUnavailable`` if not."""
-    return await asyncio.to_thread(_read_observed, endpoint, timeout)
-
-
-def _read_observed(endpoint: Endpoint, timeout: float) -> Observed:
+    client = endpoint.client(timeout)
     answers = [
-        _get(endpoint, collection, columns, timeout)
+        await client.request(
+            "GET",
+            f"/{collection}/{_name(endpoint.vhost)}",
+            label=f"GET /api/{collection}/{{vhost}}",
+            columns=columns,
+        )
         for collection, columns in (
             ("queues", QUEUE_COLUMNS),
             ("exchanges", EXCHANGE_COLUMNS),
@@ -203,21 +317,3 @@ def _read_observed(endpoint: Endpoint, timeout: float) -> Observed:
         return parse_observed(*answers)
     except ValueError as exc:
         raise ManagementUnavailable(str(exc)) from None
-
-
-def _get(endpoint: Endpoint, collection: str, columns: str, timeout: float) -> Any:
-    request = Request(endpoint.url(collection, columns), method="GET")
-    request.add_header("authorization", endpoint.authorization)
-    request.add_header("accept", "application/json")
-    where = f"GET /api/{collection}/{{vhost}}"
-    try:
-        with urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except HTTPError as exc:
-        raise ManagementUnavailable(f"{where}: HTTP {exc.code} {exc.reason}") from None
-    except URLError as exc:
-        raise ManagementUnavailable(f"{where}: unreachable ({exc.reason})") from None
-    except OSError as exc:  # a timeout, a reset
-        raise ManagementUnavailable(f"{where}: {type(exc).__name__}: {exc}") from None
-    except ValueError:
-        raise ManagementUnavailable(f"{where}: the answer is not JSON") from None

@@ -1,6 +1,7 @@
 """PostgreSQL: the pool, and one typed function per SQL statement, by table area.
 
-No other module builds SQL. ``postgres.<function>`` works for every one of them.
+No other module builds SQL. ``postgres.<function>`` works for every one of them, but for
+the demo's own (``postgres.demo``: the other systems' side, and what a run checks).
 """
 
 from service.adapters.postgres.crashes import (

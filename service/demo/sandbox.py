@@ -1,0 +1,65 @@
+"""The demo's sandbox: its database and vhost, and the settings that reach them.
+
+One name for both (``--name``), on the servers that ``DATABASE_URL`` and
+``AMQP_URL`` name; the vhost is made through the management API of the
+settings (``EXPIRY_MANAGEMENT_URL`` or ``RABBITMQ_MANAGEMENT_URL``, else
+beside the first node), as the AMQP URL's user may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from service.adapters.amqp.management import ManagementUnavailable, endpoint_for
+from service.adapters.sandbox import Sandbox, sandbox_created, with_vhost
+from service.core.dsn import with_database
+from service.demo.plan import Plan
+from service.settings import Settings
+
+# The demo's own sessions (placing up to a million holds, the support side waiting
+# for a row lock as any other system would) get longer than a service statement.
+OWN_TIMEOUT_MS = 3_600_000
+MANAGEMENT_TIMEOUT_SECONDS = 30.0
+
+
+def database_url(settings: Settings, plan: Plan) -> str:
+    """Where the sandbox's database will be."""
+    return with_database(settings.database_url, plan.name)
+
+
+def amqp_url(settings: Settings, plan: Plan) -> str:
+    """Where the sandbox's vhost will be, on the first node."""
+    return with_vhost(settings.amqp_url[0], plan.name)
+
+
+@contextlib.asynccontextmanager
+async def sandbox_for(settings: Settings, plan: Plan) -> AsyncIterator[Sandbox]:
+    """Create the database and the vhost; remove them afterwards unless ``--keep``."""
+    management = endpoint_for(settings).client(MANAGEMENT_TIMEOUT_SECONDS)
+    try:
+        async with sandbox_created(
+            settings.database_url,
+            settings.amqp_url,
+            management,
+            database=plan.name,
+            keep=plan.keep,
+        ) as sandbox:
+            yield sandbox
+    except ManagementUnavailable as exc:
+        raise ConnectionError(
+            f"RabbitMQ management API at {management.base}: {exc}; "
+            "set EXPIRY_MANAGEMENT_URL (or RABBITMQ_MANAGEMENT_URL)"
+        ) from None
+
+
+def own_settings(settings: Settings, sandbox: Sandbox) -> Settings:
+    """The settings of the demo's own work in the sandbox (its connections, the declare)."""
+    return settings.model_copy(
+        update={
+            "database_url": sandbox.database_url,
+            "amqp_url": sandbox.amqp_urls,
+            "lock_timeout_ms": OWN_TIMEOUT_MS,
+            "statement_timeout_ms": OWN_TIMEOUT_MS,
+        }
+    )

@@ -1,0 +1,219 @@
+"""Dead letters as an operator workflow: list, show, choose what to replay, and who may.
+
+Dead letters are not a trash can: each has a record (``dead_letters``), and
+each replay is an explicit, audited act by a named operator
+(``dead_letter_replays``); the replay itself is ``service/ops/replay.py``'s.
+Records hold sender-made text: every value is shown through ``cell``, which
+never lets a control character through.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from service.adapters import postgres
+from service.core.errors import UsageError
+from service.core.inputs import clean_text
+from service.settings import OPERATOR_LIMIT, Settings
+
+log = logging.getLogger("service.deadletters")
+
+CELL_LIMIT = 1000
+LIST_COLUMNS = ("id", "last_seen", "error_class", "give_up", "attempts", "reservation_id", "status")
+TRANSITION_COLUMNS = ("at", "from_status", "to_status", "attempt", "worker", "message_id")
+REPLAY_COLUMNS = ("at", "operator", "db_user", "os_user", "client_host", "outcome", "detail")
+
+
+def cell(value: Any) -> str:
+    """A value as shown: never a control character (records hold sender-made text)."""
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    return clean_text(str(value), CELL_LIMIT)
+
+
+def render_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    """A plain, aligned text table."""
+    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    """A record with every value shown as ``cell`` shows it (None stays None)."""
+    return {k: (cell(v) if v is not None else None) for k, v in row.items()}
+
+
+# -- list and show --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which dead letters to list (ages in seconds since last seen)."""
+
+    status: str | None = "dead"  # None: any
+    error_class: str | None = None
+    older_than: float | None = None
+    newer_than: float | None = None
+    limit: int = 100
+
+
+async def list_records(conn: postgres.Connection, filters: Filters) -> list[dict[str, Any]]:
+    """The matching records, newest first."""
+    rows = await postgres.list_dead_letters(
+        conn,
+        status=filters.status,
+        error_class=filters.error_class,
+        older_than=filters.older_than,
+        newer_than=filters.newer_than,
+        limit=filters.limit,
+    )
+    return [dict(row) for row in rows]
+
+
+def list_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The listing as a table, with what to do next."""
+    if not records:
+        return ["no dead letters match"]
+    return [
+        render_table(records, LIST_COLUMNS),
+        "",
+        f"{len(records)} dead letter(s); details: show ID; retry: replay ID --operator NAME",
+    ]
+
+
+@dataclass
+class Detail:
+    """Everything known about one dead letter."""
+
+    record: dict[str, Any]
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    replays: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """The machine form."""
+        out = {**jsonable(self.record), "transitions": [jsonable(t) for t in self.transitions]}
+        out["replays"] = [jsonable(r) for r in self.replays]
+        return out
+
+    def lines(self) -> list[str]:
+        """The record, one field a line, then its audit trail and its replays."""
+        width = max(len(k) for k in self.record)
+        lines = [f"{key.ljust(width)}  {cell(value)}" for key, value in self.record.items()]
+        lines += ["", "transitions (audit trail):"]
+        lines.append(
+            render_table(self.transitions, TRANSITION_COLUMNS) if self.transitions else "  none"
+        )
+        lines += ["", "replays:"]
+        lines.append(render_table(self.replays, REPLAY_COLUMNS) if self.replays else "  none")
+        return lines
+
+
+async def read_detail(conn: postgres.Connection, key: str) -> Detail | None:
+    """The dead letter with record id or message id ``key``, or None."""
+    row = await postgres.get_dead_letter(conn, key)
+    if row is None:
+        return None
+    reservation_id = row["reservation_id"]
+    detail = Detail(dict(row))
+    if reservation_id:
+        detail.transitions = [dict(t) for t in await postgres.transitions_of(conn, reservation_id)]
+        state = await postgres.reservation_state(conn, reservation_id)
+    else:
+        state = None
+    detail.replays = [dict(r) for r in await postgres.replays_of(conn, row["id"])]
+    detail.record["reservation_status"] = state[0] if state else None
+    return detail
+
+
+def not_found(key: str) -> str:
+    """What to say when no dead letter has this id."""
+    return f"no dead letter {key!r} (give a record id or a message id)"
+
+
+# -- what to replay, what it will do, who may ------------------------------------------
+
+
+async def select(
+    conn: postgres.Connection, key: str | None, *, error_class: str | None, limit: int
+) -> list[asyncpg.Record]:
+    """Dead letter ``key`` (still dead), or with ``key`` None every open one (of a class)."""
+    if key is None:
+        return await postgres.list_dead_letters(
+            conn,
+            status="dead",
+            error_class=error_class,
+            older_than=None,
+            newer_than=None,
+            limit=limit,
+        )
+    row = await postgres.get_dead_letter(conn, key)
+    if row is None:
+        raise UsageError(not_found(key))
+    if row["status"] != "dead":
+        raise UsageError(f"dead letter {key!r} is {row['status']} already; nothing to replay")
+    return [row]
+
+
+async def expectation(conn: postgres.Connection, row: asyncpg.Record) -> str:
+    """What replaying this dead letter will do, from the reservation's state now."""
+    if row["reservation_id"] is None:
+        return "the body is unusable: it will be dead-lettered again"
+    state = await postgres.reservation_state(conn, row["reservation_id"])
+    if state is None:
+        return "the reservation does not exist: it will be dead-lettered again"
+    status, due = state
+    if status == "held" and due:
+        return "the hold is held and due: it will expire"
+    return f"the hold is {status}{'' if due else ' and not due'}: a harmless no-op"
+
+
+async def expectations(conn: postgres.Connection, rows: list[asyncpg.Record]) -> dict[int, str]:
+    """``expectation`` of each row, by record id."""
+    return {row["id"]: await expectation(conn, row) for row in rows}
+
+
+def actor_named(operator: str | None) -> postgres.Actor:
+    """Who replays: the ``--operator`` name, the OS user and this host."""
+    name = clean_text((operator or "").strip(), OPERATOR_LIMIT)
+    if not name:
+        raise UsageError("replay needs --operator NAME: every replay is audited with who did it")
+    return postgres.Actor(name, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return f"uid {os.getuid()}"
+
+
+def refusal(settings: Settings, actor: postgres.Actor) -> str | None:
+    """Why ``actor`` may not replay (``EXPIRY_REPLAY_OPERATORS``), or None."""
+    if not settings.replay_operators:
+        return "nobody may replay: EXPIRY_REPLAY_OPERATORS names no operator"
+    if actor.operator not in settings.replay_operators:
+        return f"{actor.operator!r} may not replay (not in EXPIRY_REPLAY_OPERATORS)"
+    return None
+
+
+async def refuse(
+    conn: postgres.Connection, actor: postgres.Actor, rows: list[asyncpg.Record], why: str
+) -> None:
+    """Audit the refusal for every selected dead letter, then raise ``UsageError(why)``."""
+    for row in rows:
+        await postgres.record_replay(
+            conn, row["id"], row["message_id"], actor=actor, outcome="refused", detail=why
+        )
+    log.warning("deadletter.replay_refused", extra={"operator": actor.operator, "reason": why})
+    raise UsageError(why)

@@ -1,0 +1,154 @@
+"""The consumer process: its channels, the runtime on them, the health endpoint and the
+backlog gauges, from start to a drained stop.
+
+``python -m service.consume`` runs ``run`` until SIGTERM or SIGINT; the tests run it in
+process. What one delivery does is in ``consumer.py`` and the units it routes to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiormq.exceptions
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+
+from service.adapters import amqp, lifecycle, postgres
+from service.adapters.amqp.topology import check_topology
+from service.adapters.classify import classify
+from service.adapters.http import HealthServer
+from service.adapters.metrics import Metrics
+from service.core.topology import DEAD_LOG_QUEUE, QUEUE
+from service.settings import Settings
+from service.worker.recorder import RECORDER_PREFETCH
+from service.worker.runtime import assemble
+
+log = logging.getLogger("service.consume")
+
+BACKLOG_REFRESH_SECONDS = 15.0
+READINESS_TIMEOUT_SECONDS = 2.0
+
+
+async def run(
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    metrics: Metrics | None = None,
+    backlog_every: float | None = None,
+) -> None:
+    """Consume until ``stop`` is set, then drain what is in flight and close.
+
+    ``backlog_every`` (seconds) refreshes the backlog gauges from the database.
+    """
+    async with contextlib.AsyncExitStack() as opened:
+        pool = await opened.enter_async_context(
+            lifecycle.database_pool(settings, name="expiry-consume", size=settings.db_pool_size)
+        )
+        connection = await opened.enter_async_context(
+            lifecycle.broker(settings, name=f"expiry-consume {settings.worker_id}")
+        )
+        await _consume(settings, pool, connection, stop, metrics or Metrics(), backlog_every)
+
+
+async def _consume(
+    settings: Settings,
+    pool: postgres.Pool,
+    connection: AbstractRobustConnection,
+    stop: asyncio.Event,
+    metrics: Metrics,
+    backlog_every: float | None,
+) -> None:
+    # The consumer declares nothing (it may not configure): it checks the topology,
+    # and takes its queues with passive declares, which a reconnect repeats.
+    await check_topology(connection, settings)
+    consume_channel: AbstractChannel = await connection.channel(publisher_confirms=False)
+    await consume_channel.set_qos(prefetch_count=settings.prefetch)
+    publish_channel = await amqp.open_confirm_channel(connection)
+    record_channel = await connection.channel(publisher_confirms=False)
+    await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
+    runtime = await assemble(settings, pool, publish_channel, metrics)
+    in_flight = runtime.in_flight
+    work = await consume_channel.declare_queue(QUEUE, passive=True)
+    dead_log = await record_channel.declare_queue(DEAD_LOG_QUEUE, passive=True)
+    consumers = [
+        (work, await work.consume(runtime.consumer.on_message)),
+        (dead_log, await dead_log.consume(runtime.recorder.on_message)),
+    ]
+    log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
+    async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every):
+        await stop.wait()
+        log.info("consumer.draining", extra={"in_flight": len(in_flight)})
+        for queue, tag in consumers:
+            try:
+                await queue.cancel(tag)
+            except CANCEL_ERRORS:
+                log.warning("consumer.cancel_failed", extra={"queue": queue.name})
+        abandoned = await in_flight.drain(settings.shutdown_timeout_seconds)
+    if abandoned:
+        log.warning("consumer.drain_timeout", extra={"returned": abandoned})
+    log.info("consumer.drained")
+    await runtime.batcher.close()
+    for channel in (publish_channel, record_channel, consume_channel):
+        await channel.close()
+
+
+CANCEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
+
+
+@contextlib.asynccontextmanager
+async def _sidecars(
+    settings: Settings,
+    pool: postgres.Pool,
+    channel: AbstractChannel,
+    stop: asyncio.Event,
+    metrics: Metrics,
+    backlog_every: float | None,
+) -> AsyncIterator[None]:
+    """The health endpoint and the backlog refresher, for as long as the consumer runs."""
+    server: HealthServer | None = None
+    refresher: asyncio.Task[None] | None = None
+    if settings.http_port:
+
+        async def readiness() -> dict[str, bool]:
+            return {
+                "consuming": not stop.is_set(),
+                "channel": not channel.is_closed,
+                "database": await _database_answers(pool),
+            }
+
+        server = HealthServer(readiness, metrics=backlog_every is not None)
+        await server.start(settings.http_host, settings.http_port)
+    if backlog_every is not None:
+        refresher = asyncio.create_task(refresh_backlog(pool, metrics, backlog_every))
+    try:
+        yield
+    finally:
+        if refresher is not None:
+            refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
+        if server is not None:
+            await server.close()
+
+
+async def _database_answers(pool: postgres.Pool) -> bool:
+    try:
+        async with asyncio.timeout(READINESS_TIMEOUT_SECONDS), pool.acquire() as conn:
+            await postgres.ping(conn)
+    except Exception:  # any failure means "not ready", which is the answer
+        return False
+    return True
+
+
+async def refresh_backlog(pool: postgres.Pool, metrics: Metrics, every: float) -> None:
+    """Keep the backlog gauges current (observable gauges cannot await the database)."""
+    while True:
+        try:
+            async with pool.acquire() as conn:
+                metrics.backlog = await postgres.backlog(conn)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("metrics.backlog_failed", extra={"error_class": classify(exc)[1]})
+        await asyncio.sleep(every)
