@@ -105,6 +105,8 @@ class Reporter:
 
 
 def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked: bool) -> None:
+    if not log.isEnabledFor(logging.INFO):  # its facts cost more than the check
+        return
     log.info(
         "expiry.outcome",
         extra={
