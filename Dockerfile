@@ -1,34 +1,49 @@
 # syntax=docker/dockerfile:1
-# expiry-service: one image for every command (migrate, produce, consume, demo).
-#   docker build -t expiry-service .
+# expiry-service: one image for every command (migrate, declare, produce, consume, demo).
+#   docker build -t expiry-service \
+#     --build-arg VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])') \
+#     --build-arg REVISION=$(git rev-parse HEAD) .
 #   docker run --rm expiry-service python -m service.migrate
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+#
+# The same bytes on every build: the base image by digest, every Python package
+# from the lock (requirements/*.txt, exported from uv.lock) with its hash.
+# python:3.11-slim-bookworm, the multi-platform index (linux/amd64, linux/arm64);
+# update it with: docker buildx imagetools inspect python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:b18992999dbe963a45a8a4da40ac2b1975be1a776d939d098c647482bcad5cba
 
 # ---- build: a virtualenv with the dependencies, then the package ----------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# Dependencies first, read from pyproject.toml alone: this layer is rebuilt
-# only when pyproject.toml changes, not on every source edit.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
- && pip install --only-binary=:all: -r requirements.txt
+# Dependencies first, from the lock alone: this layer is rebuilt only when the
+# lock changes, not on every source edit. Wheels only, each checked against its
+# hash; pip's cache survives between builds (BuildKit cache mount).
+COPY requirements/runtime.txt requirements/build.txt ./requirements/
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --require-hashes --only-binary=:all: \
+        -r requirements/runtime.txt -r requirements/build.txt
 
-# Then the package itself, without touching the dependencies again.
-COPY README.md ./
+# Then the package itself, built with the locked setuptools, dependencies untouched.
+COPY pyproject.toml README.md ./
 COPY service ./service
-RUN pip install --no-deps . \
- && pip uninstall --yes pip setuptools wheel
+RUN pip install --no-deps --no-build-isolation --no-cache-dir . \
+ && pip uninstall --yes pip setuptools
 
 # ---- runtime: the virtualenv only; no compilers, no pip caches ------------
 FROM ${PYTHON_IMAGE} AS runtime
+ARG VERSION=0.0.0+unknown
+ARG REVISION=unknown
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="expiry-service" \
-      org.opencontainers.image.description="Expires customer-support holds exactly once"
+      org.opencontainers.image.description="Expires customer-support holds exactly once" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
@@ -50,8 +51,16 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def invoked_as(prog: str) -> str:
+    """The name a user typed: a console script's (``expiry-consume``), else ``prog``
+    (``python -m service.consume``)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name if name.startswith("expiry-") else prog
+
+
 def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     """Parse arguments, load settings, run ``command`` and exit with its code."""
+    parser.prog = invoked_as(parser.prog)
     parser.add_argument("--verbose", action="store_true", help="print tracebacks on failure")
     args = parser.parse_args()
     try:
