@@ -10,7 +10,6 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +24,7 @@ from bench.machine import Machine, describe
 from bench.phases import Bench
 from bench.procs import Processes, child_env
 from bench.sandbox import Sandbox, created, new_name
+from service.cli import positive
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -43,19 +43,6 @@ METHOD = [
 def say(text: str) -> None:
     """One line of progress or report, on stdout."""
     print(text, flush=True)
-
-
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError("must be > 0")
-        return value
-
-    return parse
 
 
 def _consumer_counts(text: str) -> tuple[int, ...]:
@@ -87,12 +74,12 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     add = p.add_argument
-    add("--holds", type=_positive(int), help=f"due holds per backlog run ({FULL['holds']:,})")
-    add("--repeat", type=_positive(int), help=f"repetitions ({FULL['repeat']})")
+    add("--holds", type=positive(int), help=f"due holds per backlog run ({FULL['holds']:,})")
+    add("--repeat", type=positive(int), help=f"repetitions ({FULL['repeat']})")
     add("--consumers", type=_consumer_counts, default=(1, 2), help="consumer processes (1,2)")
-    add("--rate", type=_positive(int), help=f"sustained: holds due per second ({FULL['rate']:,})")
-    add("--duration", type=_positive(float), help=f"sustained: seconds ({FULL['duration']:g})")
-    add("--scan-holds", type=_positive(int), help=f"memory scan ({FULL['scan_holds']:,})")
+    add("--rate", type=positive(int), help=f"sustained: holds due per second ({FULL['rate']:,})")
+    add("--duration", type=positive(float), help=f"sustained: seconds ({FULL['duration']:g})")
+    add("--scan-holds", type=positive(int), help=f"memory scan ({FULL['scan_holds']:,})")
     add(
         "--env",
         type=_setting,

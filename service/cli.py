@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from service.adapters.telemetry import setup_logging
 from service.core.errors import ConfigError, UsageError
@@ -22,6 +22,7 @@ from service.settings import Settings, load_settings
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 
+Number = TypeVar("Number", int, float)
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
@@ -40,15 +41,22 @@ def cause_chain(exc: BaseException) -> list[str]:
     return lines
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds greater than zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
+def positive(kind: Callable[[str], Number], what: str = "a number") -> Callable[[str], Number]:
+    """An argparse type: ``kind`` (``int``, ``float``) of the text, greater than zero."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError("must be > 0")
+        return value
+
+    return parse
+
+
+positive_seconds = positive(float, "a number of seconds")
 
 
 def invoked_as(prog: str) -> str:
