@@ -1,4 +1,4 @@
-"""``python -m service.produce``: the scan (``service/scan.py``) once, or on a timer.
+"""``python -m service.produce``: the scan (``service/scan/``) once, or on a timer.
 
 SIGTERM or SIGINT stops a pass between pages: nothing more is claimed or
 published, the confirms in flight are awaited and recorded as usual.
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import time
 
 from service.adapters import lifecycle
 from service.cli import positive_seconds, run_command
-from service.core.errors import PublishNotConfirmed, TopologyMismatch
 from service.scan import ScanResult, ScanStopped, scan_once
+from service.scan.every import Scanner, endpoint, report, scan_every
 from service.settings import Settings
 
 log = logging.getLogger("service.produce")
@@ -35,64 +34,15 @@ ABANDONED = (
 )
 
 
-async def _scan_and_report(
-    settings: Settings, *, stop: asyncio.Event | None = None, check: bool = True
-) -> None:
+async def _scan_and_report(settings: Settings, *, stop: asyncio.Event) -> None:
     started = time.monotonic()
-    result = await scan_once(settings, stop=stop, check=check)
-    elapsed = time.monotonic() - started
-    print(
-        f"scan: published {result.published} command(s) in {result.batches} batch(es), "
-        f"all confirmed, {elapsed:.2f}s",
-        flush=True,
-    )
-
-
-async def scan_every(settings: Settings, interval: float, stop: asyncio.Event) -> None:
-    """Start a scan every ``interval`` seconds (start to start) until ``stop``.
-
-    A pass that takes longer than ``interval`` is followed by the next at once
-    (no burst to catch up); a failed scan is logged, not fatal, except a topology
-    that differs (``TopologyMismatch``), which stops it: the topology is checked
-    until one pass got past the check, then no more; ``stop`` also stops the pass
-    under way (see ``scan``).
-    """
-    loop = asyncio.get_running_loop()
-    next_start = loop.time()
-    checked = False
-    while not stop.is_set():
-        next_start += interval
-        checked = await _pass_on_timer(settings, stop, check=not checked) or checked
-        now = loop.time()
-        if next_start < now:
-            next_start = now
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(next_start - now):
-                await stop.wait()
-
-
-async def _pass_on_timer(settings: Settings, stop: asyncio.Event, *, check: bool) -> bool:
-    """One pass of ``--every``: its failure, or its early stop, is logged; a topology that
-    differs is raised. Returns whether the pass got past the topology check."""
-    try:
-        await _scan_and_report(settings, stop=stop, check=check)
-    except TopologyMismatch:
-        raise
-    except ScanStopped as stopped:
-        facts = {"published": stopped.result.published, "failed": stopped.result.failed}
-        log.info("scan.stopped", extra=facts)
-        return False
-    except PublishNotConfirmed:
-        log.exception("scan.failed")
-        return True
-    except Exception:
-        log.exception("scan.failed")
-        return False
-    return True
+    result = await scan_once(settings, stop=stop)
+    report(result, time.monotonic() - started)
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    with lifecycle.telemetry_for(settings, "produce"):
+    # --every serves /metrics (EXPIRY_HTTP_PORT); a one-shot --scan has nobody to serve.
+    with lifecycle.telemetry_for(settings, "produce", metrics=args.every is not None):
         await _run_until_stopped(settings, args.every)
     return 0
 
@@ -113,7 +63,9 @@ async def _run_until_stopped(settings: Settings, every: float | None) -> None:
                 if every is None:
                     await _scan_and_report(settings, stop=stop)
                 else:
-                    await scan_every(settings, every, stop)
+                    scanner = Scanner.for_settings(settings, every)
+                    async with endpoint(settings, scanner):
+                        await scan_every(settings, every, stop, scanner)
     except TimeoutError:
         if not deadline.expired():
             raise

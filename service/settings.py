@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     http_port: int = Field(default=0, ge=0, le=65535)
     http_host: str = "127.0.0.1"
     oldest_due_objective_seconds: PositiveFloat = 120.0
+    # How far a worker's clock may be from the database's before the on-call hears
+    # of it (expiry_clock_drift_seconds; deadlines use the database's clock only,
+    # retry budgets the worker's).
+    clock_drift_tolerance_seconds: PositiveFloat = 1.0
     scan_interval_seconds: PositiveFloat = 5.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"

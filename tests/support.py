@@ -78,6 +78,14 @@ def _docker_available() -> bool:
     return probe.returncode == 0
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 def missing(reason: str) -> NoReturn:
     """Skip, or fail under CI, because a service is missing."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

@@ -197,9 +197,15 @@ class HealthServer:
     """Serves liveness, readiness and metrics on one port."""
 
     def __init__(
-        self, readiness: ReadinessCheck, *, metrics: bool, max_connections: int = MAX_CONNECTIONS
+        self,
+        readiness: ReadinessCheck,
+        *,
+        metrics: bool,
+        liveness: Callable[[], bool] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.readiness = readiness
+        self.liveness = liveness  # None: alive while the event loop answers
         self.metrics = metrics
         self.max_connections = max_connections
         self.server: asyncio.Server | None = None
@@ -244,7 +250,9 @@ class HealthServer:
         head_only = method == "HEAD"
         path = path.split("?", 1)[0]
         if path == "/healthz":
-            return _response(200, b"ok\n", head_only=head_only)
+            if self.liveness is None or self.liveness():
+                return _response(200, b"ok\n", head_only=head_only)
+            return _response(503, b"unhealthy\n", head_only=head_only)
         if path == "/readyz":
             checks = await self._check.result()
             ready = checks is not None and all(checks.values())

@@ -1,8 +1,17 @@
-"""The service's metrics (OpenTelemetry instruments) and the database backlog they report."""
+"""The service's metrics (OpenTelemetry instruments; Prometheus names in the README).
+
+``Metrics`` is the consumer's (outcomes, retries, dead letters, latencies),
+``ScanMetrics`` the scanner's (passes, publishes, lapsed leases), and
+``Gauges`` what a process reads from the database on a timer (the backlog, the
+clock drift, open dead letters) beside two settings the alert rules compare
+with (the objective, the drift tolerance). Units follow OpenTelemetry: ``s``
+for seconds, ``{thing}`` for counts; the Prometheus exporter turns
+``expiry.lag`` with unit ``s`` into ``expiry_lag_seconds``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics
@@ -20,6 +29,7 @@ BACKLOG_BUCKETS: tuple[tuple[str, float], ...] = (
 )
 LAG_BOUNDARIES = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
 DURATION_BOUNDARIES = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+PASS_BOUNDARIES = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 @dataclass
@@ -34,11 +44,86 @@ class Backlog:
         return sum(self.by_bucket.values())
 
 
-class Metrics:
-    """Counters and histograms of the consumer, and gauges of the backlog."""
+def _meter(meter: Meter | None) -> Meter:
+    return meter or metrics.get_meter("service")
+
+
+def _gauge(meter: Meter, name: str, unit: str, description: str, read: Callable[[], float]) -> None:
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(read())
+
+    meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=description)
+
+
+class Gauges:
+    """What the database said at the last refresh, and the two settings alerts compare with."""
 
     def __init__(self, meter: Meter | None = None) -> None:
-        meter = meter or metrics.get_meter("service")
+        meter = _meter(meter)
+        self.backlog = Backlog()
+        self.clock_drift_seconds: float | None = None  # this worker's clock minus the database's
+        self.open_dead_letters: dict[str, int] | None = None  # None: not read by this process
+        self.objective_seconds = 0.0
+        self.drift_tolerance_seconds = 0.0
+        _gauge(
+            meter,
+            "expiry.oldest_due_age",
+            "s",
+            "Age of the oldest due held reservation",
+            lambda: self.backlog.oldest_due_age_seconds,
+        )
+        meter.create_observable_gauge(
+            "expiry.backlog",
+            callbacks=[self._observe_backlog],
+            unit="{reservation}",
+            description="Due held reservations by deadline age",
+        )
+        meter.create_observable_gauge(
+            "expiry.clock.drift",
+            callbacks=[self._observe_drift],
+            unit="s",
+            description="This worker's clock minus the database's (positive: the worker is ahead)",
+        )
+        meter.create_observable_gauge(
+            "expiry.dead_letters.open",
+            callbacks=[self._observe_dead_letters],
+            unit="{dead_letter}",
+            description="Dead letters not replayed, by error class",
+        )
+        _gauge(
+            meter,
+            "expiry.oldest_due_objective",
+            "s",
+            "EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS: the oldest due hold's age must stay below it",
+            lambda: self.objective_seconds,
+        )
+        _gauge(
+            meter,
+            "expiry.clock.drift_tolerance",
+            "s",
+            "EXPIRY_CLOCK_DRIFT_TOLERANCE_SECONDS: how far a worker's clock may be off",
+            lambda: self.drift_tolerance_seconds,
+        )
+
+    def _observe_backlog(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for bucket, count in self.backlog.by_bucket.items():
+            yield Observation(count, {"age": bucket})
+
+    def _observe_drift(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.clock_drift_seconds is not None:
+            yield Observation(self.clock_drift_seconds)
+
+    def _observe_dead_letters(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for error_class, count in (self.open_dead_letters or {}).items():
+            yield Observation(count, {"error_class": error_class})
+
+
+class Metrics:
+    """The consumer's counters and histograms, and its gauges (``gauges``)."""
+
+    def __init__(self, meter: Meter | None = None) -> None:
+        meter = _meter(meter)
+        self.gauges = Gauges(meter)
         self.commands = meter.create_counter(
             "expiry.commands", unit="{command}", description="Commands handled, by outcome"
         )
@@ -56,6 +141,11 @@ class Metrics:
         self.dead_letters = meter.create_counter(
             "expiry.dead_letters", unit="{command}", description="Commands dead-lettered"
         )
+        self.recorded = meter.create_counter(
+            "expiry.dead_letters.recorded",
+            unit="{dead_letter}",
+            description="Dead-letterings recorded, whatever did them (the broker too)",
+        )
         self.processing = meter.create_histogram(
             "expiry.processing.duration",
             unit="s",
@@ -68,21 +158,21 @@ class Metrics:
             description="From a hold's deadline to its expiry (database clock)",
             explicit_bucket_boundaries_advisory=LAG_BOUNDARIES,
         )
-        self.backlog = Backlog()
-        meter.create_observable_gauge(
-            "expiry.oldest_due_age",
-            callbacks=[self._observe_oldest],
+        self.claim_to_finish = meter.create_histogram(
+            "expiry.claim_to_finish",
             unit="s",
-            description="Age of the oldest due held reservation",
-        )
-        meter.create_observable_gauge(
-            "expiry.backlog",
-            callbacks=[self._observe_backlog],
-            unit="{reservation}",
-            description="Due held reservations by deadline age",
+            description="From the scan's confirmed publish of a hold to its expiry (database)",
+            explicit_bucket_boundaries_advisory=LAG_BOUNDARIES,
         )
 
-    def outcome(self, outcome: Outcome, *, seconds: float, lag: float | None) -> None:
+    def outcome(
+        self,
+        outcome: Outcome,
+        *,
+        seconds: float,
+        lag: float | None,
+        since_published: float | None = None,
+    ) -> None:
         """One delivery done."""
         self.commands.add(1, {"outcome": outcome.value})
         self.processing.record(seconds, {"outcome": outcome.value})
@@ -90,8 +180,11 @@ class Metrics:
             self.duplicates.add(1)
         elif outcome is Outcome.NOT_ELIGIBLE:
             self.conflicts.add(1)
-        elif lag is not None:
-            self.lag.record(max(0.0, lag))
+        else:
+            if lag is not None:
+                self.lag.record(max(0.0, lag))
+            if since_published is not None:
+                self.claim_to_finish.record(max(0.0, since_published))
 
     def retried(self, error_class: str, *, seconds: float) -> None:
         """One delivery sent to a delay tier."""
@@ -103,9 +196,67 @@ class Metrics:
         self.dead_letters.add(1, {"error_class": error_class, "give_up": give_up})
         self.processing.record(seconds, {"outcome": "dead-letter"})
 
-    def _observe_oldest(self, _options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(self.backlog.oldest_due_age_seconds)
+    def dead_letter_recorded(self, error_class: str) -> None:
+        """One dead-lettering recorded (a message dead-lettered again counts again)."""
+        self.recorded.add(1, {"error_class": error_class})
 
-    def _observe_backlog(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for bucket, count in self.backlog.by_bucket.items():
-            yield Observation(count, {"age": bucket})
+
+class ScanMetrics:
+    """The scanner's: what its passes did, and when one last succeeded."""
+
+    def __init__(self, meter: Meter | None = None, *, interval_seconds: float = 0.0) -> None:
+        meter = _meter(meter)
+        self.gauges = Gauges(meter)
+        self.last_success: float | None = None  # the wall clock's epoch seconds
+        self.interval_seconds = interval_seconds
+        self.passes = meter.create_counter(
+            "expiry.scan.passes", unit="{pass}", description="Scan passes, by result"
+        )
+        self.published = meter.create_counter(
+            "expiry.scan.published",
+            unit="{command}",
+            description="Commands confirmed by the broker",
+        )
+        self.unconfirmed = meter.create_counter(
+            "expiry.scan.unconfirmed",
+            unit="{command}",
+            description="Commands the broker refused, returned or did not confirm in time",
+        )
+        self.lapsed = meter.create_counter(
+            "expiry.scan.leases_lapsed",
+            unit="{command}",
+            description="Commands published again because their lease lapsed with the hold held",
+        )
+        self.duration = meter.create_histogram(
+            "expiry.scan.duration",
+            unit="s",
+            description="Time of one scan pass",
+            explicit_bucket_boundaries_advisory=PASS_BOUNDARIES,
+        )
+        meter.create_observable_gauge(
+            "expiry.scan.last_success_timestamp",
+            callbacks=[self._observe_last_success],
+            unit="s",
+            description="When a scan pass last succeeded (Unix time)",
+        )
+        _gauge(
+            meter,
+            "expiry.scan.interval",
+            "s",
+            "produce --every: seconds from the start of one pass to the next",
+            lambda: self.interval_seconds,
+        )
+
+    def passed(
+        self, result: str, *, seconds: float, published: int, unconfirmed: int, lapsed: int
+    ) -> None:
+        """One pass ended: ``ok``, ``failed`` or ``stopped``."""
+        self.passes.add(1, {"result": result})
+        self.duration.record(seconds, {"result": result})
+        self.published.add(published)
+        self.unconfirmed.add(unconfirmed)
+        self.lapsed.add(lapsed)
+
+    def _observe_last_success(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.last_success is not None:
+            yield Observation(self.last_success)

@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -184,11 +184,11 @@ def setup_logging(level: str, fmt: str) -> None:
 SERVICE_NAME = "expiry-service"
 
 
-def _resource(role: str, worker_id: str) -> Resource:
-    # Resource.create also reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
-    return Resource.create(
-        {"service.name": SERVICE_NAME, "service.instance.id": worker_id, "expiry.role": role}
-    )
+def resource_for(role: str, worker_id: str) -> Resource:
+    """Our defaults, under what ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` say
+    (they win, as the standard says; ``Resource.create`` alone would let ours win)."""
+    ours = {"service.name": SERVICE_NAME, "service.instance.id": worker_id, "expiry.role": role}
+    return Resource.create({**ours, **OTELResourceDetector().detect().attributes})
 
 
 def traces_exporter_name(settings: Settings) -> str:
@@ -211,7 +211,7 @@ def setup_tracing(
     name = traces_exporter_name(settings)
     if exporter is None and name == "none":
         return None
-    provider = TracerProvider(resource=_resource(role, settings.worker_id))
+    provider = TracerProvider(resource=resource_for(role, settings.worker_id))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif name == "console":
@@ -260,7 +260,9 @@ def setup_metrics(settings: Settings, role: str) -> MeterProvider | None:
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(out=sys.stderr)))
     if not readers:
         return None
-    provider = MeterProvider(metric_readers=readers, resource=_resource(role, settings.worker_id))
+    provider = MeterProvider(
+        metric_readers=readers, resource=resource_for(role, settings.worker_id)
+    )
     metrics.set_meter_provider(provider)
     return provider
 

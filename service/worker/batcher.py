@@ -79,7 +79,8 @@ def settle_items(items: list[Item], rows: dict[UUID, BatchRow]) -> None:
         try:
             if row is None:
                 raise BatchFallback("no result for this reservation")
-            expiry = Expiry(outcome_of(won=row.won, status=row.status, due=row.due), row.lag)
+            outcome = outcome_of(won=row.won, status=row.status, due=row.due)
+            expiry = Expiry(outcome, row.lag, row.since_published)
         except UnknownReservation as exc:
             item.give(exc)
             continue

@@ -61,7 +61,7 @@ class Failures:
         age = (now_ms() - delivery.attempt.first_seen_ms) / 1000
         number = delivery.attempt.number
         decision = decide(self.policy, disposition, attempt=number, age_seconds=age)
-        self.reporter.failed(delivery, error_class, decision)
+        self.reporter.failed(delivery, exc, error_class, decision)
         facts = {
             "reservation_id": delivery.reservation_id,
             "message_id": delivery.attempt.message_id,

@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service.adapters import amqp, lifecycle, postgres
 from service.adapters.amqp.topology import check_topology
-from service.adapters.classify import classify
+from service.adapters.gauges import configure, refresh_gauges
 from service.adapters.http import HealthServer
 from service.adapters.metrics import Metrics
 from service.core.topology import DEAD_LOG_QUEUE, QUEUE
@@ -40,7 +40,7 @@ async def run(
 ) -> None:
     """Consume until ``stop`` is set, then drain what is in flight and close.
 
-    ``backlog_every`` (seconds) refreshes the backlog gauges from the database.
+    ``backlog_every`` (seconds) refreshes the gauges from the database.
     """
     async with contextlib.AsyncExitStack() as opened:
         pool = await opened.enter_async_context(
@@ -49,7 +49,9 @@ async def run(
         connection = await opened.enter_async_context(
             lifecycle.broker(settings, name=f"expiry-consume {settings.worker_id}")
         )
-        await _consume(settings, pool, connection, stop, metrics or Metrics(), backlog_every)
+        metrics = metrics or Metrics()
+        configure(metrics.gauges, settings)
+        await _consume(settings, pool, connection, stop, metrics, backlog_every)
 
 
 async def _consume(
@@ -106,7 +108,7 @@ async def _sidecars(
     metrics: Metrics,
     backlog_every: float | None,
 ) -> AsyncIterator[None]:
-    """The health endpoint and the backlog refresher, for as long as the consumer runs."""
+    """The health endpoint and the gauges' refresher, for as long as the consumer runs."""
     server: HealthServer | None = None
     refresher: asyncio.Task[None] | None = None
     if settings.http_port:
@@ -121,7 +123,9 @@ async def _sidecars(
         server = HealthServer(readiness, metrics=backlog_every is not None)
         await server.start(settings.http_host, settings.http_port)
     if backlog_every is not None:
-        refresher = asyncio.create_task(refresh_backlog(pool, metrics, backlog_every))
+        refresher = asyncio.create_task(
+            refresh_gauges(pool, metrics.gauges, backlog_every, dead_letters=True)
+        )
     try:
         yield
     finally:
@@ -139,16 +143,3 @@ async def _database_answers(pool: postgres.Pool) -> bool:
     except Exception:  # any failure means "not ready", which is the answer
         return False
     return True
-
-
-async def refresh_backlog(pool: postgres.Pool, metrics: Metrics, every: float) -> None:
-    """Keep the backlog gauges current (observable gauges cannot await the database)."""
-    while True:
-        try:
-            async with pool.acquire() as conn:
-                metrics.backlog = await postgres.backlog(conn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("metrics.backlog_failed", extra={"error_class": classify(exc)[1]})
-        await asyncio.sleep(every)

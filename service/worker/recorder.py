@@ -21,6 +21,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from service.adapters import amqp, postgres
 from service.adapters.amqp.returns import give_back
 from service.adapters.classify import classify, refuses_values
+from service.adapters.metrics import Metrics
 from service.core.dead_letter import (
     DeadLetterRecord,
     build_record,
@@ -48,7 +49,9 @@ class Recorder:
         dead_exchange: AbstractExchange,
         *,
         publish_timeout: float,
+        metrics: Metrics,
     ) -> None:
+        self.metrics = metrics
         self.pool = pool
         self.in_flight = in_flight
         self.dead_exchange = dead_exchange
@@ -66,6 +69,7 @@ class Recorder:
                 timeout=self.publish_timeout,
             )
             return
+        self.metrics.dead_letter_recorded(record.error_class)
         if await amqp.settle(message.ack, record.message_id):
             log.info(
                 "deadletter.recorded",

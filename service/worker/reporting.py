@@ -4,14 +4,16 @@ attributes, each once and only here."""
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
+
+from opentelemetry.trace import Status, StatusCode
 
 from service.adapters.metrics import Metrics
 from service.adapters.postgres import Expiry
 from service.core.domain import Outcome
 from service.core.retry import DeadLetter, Retry
-from service.core.topology import QUEUE
-from service.worker.delivery import Delivery
+from service.worker.delivery import Delivery, short_reason
 
 log = logging.getLogger("service.consume")
 
@@ -23,22 +25,27 @@ class Reporter:
         self.metrics = metrics
 
     def arrived(self, delivery: Delivery) -> None:
-        """Messaging attributes, and our attempt, on the consumer span (when tracing)."""
+        """The messaging semantic conventions' attributes, and ours (``expiry.*``), on the
+        consumer span (when tracing)."""
         span = delivery.span
         if not span.is_recording():
             return
         message = delivery.message
-        span.set_attributes(
-            {
-                "messaging.system": "rabbitmq",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": QUEUE,
-                "messaging.message.id": delivery.attempt.message_id,
-                "messaging.rabbitmq.destination.routing_key": message.routing_key or "",
-                "messaging.rabbitmq.message.redelivered": bool(message.redelivered),
-                "expiry.attempt": delivery.attempt.number,
-            }
-        )
+        attributes: dict[str, str | int | bool] = {
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            # RabbitMQ's destination is the exchange the message was published to.
+            "messaging.destination.name": message.exchange or "",
+            "messaging.message.id": delivery.attempt.message_id,
+            "expiry.attempt": delivery.attempt.number,
+            "expiry.redelivered": bool(message.redelivered),
+        }
+        if message.routing_key:
+            attributes["messaging.rabbitmq.destination.routing_key"] = message.routing_key
+        if message.delivery_tag is not None:
+            attributes["messaging.rabbitmq.message.delivery_tag"] = message.delivery_tag
+        span.set_attributes(attributes)
 
     def parsed(self, delivery: Delivery) -> None:
         """Its body named a reservation."""
@@ -48,17 +55,27 @@ class Reporter:
     def expired(self, delivery: Delivery, expiry: Expiry, *, acked: bool) -> None:
         """A committed guarded update, acked (or not: its channel was gone)."""
         elapsed = delivery.elapsed()
-        self.metrics.outcome(expiry.outcome, seconds=elapsed, lag=expiry.lag_seconds)
+        self.metrics.outcome(
+            expiry.outcome,
+            seconds=elapsed,
+            lag=expiry.lag_seconds,
+            since_published=expiry.since_published_seconds,
+        )
         _log_outcome(delivery, expiry.outcome, elapsed, acked=acked)
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", expiry.outcome.value)
 
-    def failed(self, delivery: Delivery, error_class: str, decision: Retry | DeadLetter) -> None:
-        """A failure, before its copy is published: on the span."""
-        if delivery.span.is_recording():
-            delivery.span.set_attribute("expiry.error_class", error_class)
-            outcome = "retry" if isinstance(decision, Retry) else "dead-letter"
-            delivery.span.set_attribute("expiry.outcome", outcome)
+    def failed(
+        self,
+        delivery: Delivery,
+        exc: BaseException,
+        error_class: str,
+        decision: Retry | DeadLetter,
+    ) -> None:
+        """A failure, before its copy is published: the span ends in error, as the messaging
+        conventions say (``error.type``, the exception, an error status)."""
+        outcome = "retry" if isinstance(decision, Retry) else "dead-letter"
+        _span_failed(delivery, exc, error_class=error_class, outcome=outcome)
 
     def copied(
         self, delivery: Delivery, decision: Retry | DeadLetter, facts: dict[str, Any]
@@ -80,6 +97,10 @@ class Reporter:
 
     def rejected(self, delivery: Delivery, why: str) -> None:
         """Rejected for good: the work queue dead-letters it itself."""
+        if delivery.span.is_recording():
+            delivery.span.set_attribute("expiry.outcome", "dead-letter")
+            delivery.span.set_attribute("error.type", "rejected")
+            delivery.span.set_status(Status(StatusCode.ERROR, "rejected for good"))
         log.warning(
             "expiry.dead_letter",
             extra={
@@ -119,3 +140,31 @@ def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked:
             "elapsed_ms": round(elapsed * 1000, 1),
         },
     )
+
+
+def _span_failed(delivery: Delivery, exc: BaseException, *, error_class: str, outcome: str) -> None:
+    """Error status, ``error.type`` and the exception event on the delivery's span.
+
+    The event carries what is safe to show (``short_reason``: our own messages,
+    else only the type) and the frames of the traceback, never the exception's
+    text, which may quote a value a message carried.
+    """
+    span = delivery.span
+    if not span.is_recording():
+        return
+    kind = type(exc)
+    error_type = f"{kind.__module__}.{kind.__qualname__}"
+    reason = short_reason(exc)
+    span.set_attributes(
+        {"error.type": error_type, "expiry.error_class": error_class, "expiry.outcome": outcome}
+    )
+    span.add_event(
+        "exception",
+        {
+            "exception.type": error_type,
+            "exception.message": reason,
+            "exception.stacktrace": "".join(traceback.format_tb(exc.__traceback__)),
+            "exception.escaped": False,
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, reason))

@@ -70,6 +70,10 @@ async def assemble(
         in_flight=in_flight,
     )
     recorder = Recorder(
-        pool, in_flight, dead_exchange, publish_timeout=settings.publish_timeout_seconds
+        pool,
+        in_flight,
+        dead_exchange,
+        publish_timeout=settings.publish_timeout_seconds,
+        metrics=metrics,
     )
     return Runtime(consumer, recorder, batcher, in_flight)

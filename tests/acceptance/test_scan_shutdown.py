@@ -151,7 +151,7 @@ async def test_every_exits_on_sigterm_while_the_broker_is_unreachable(
     async with tcp_proxy(stack.amqp_url, 5672) as proxy:
         proxy.blackhole()  # accepts connections, answers nothing
         url = proxy.url(stack.amqp_url) if broker == "silent" else _at_port(stack.amqp_url, 1)
-        # A connect attempt is never cancelled (see scan._connect_broker): to a
+        # A connect attempt is never cancelled (see service.scan.once._connect_broker): to a
         # silent broker it ends after the publish timeout, here 2 s.
         env = stack.env(AMQP_URL=url, EXPIRY_PUBLISH_TIMEOUT_SECONDS="2")
         scanner = await start("service.produce", "--every", "1", env=env)

@@ -11,7 +11,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from tests.support import RUN_ID, Management
+from tests.support import RUN_ID, Management, free_port
 
 RABBITMQ_DIR = Path(__file__).resolve().parents[2] / "rabbitmq"
 DEFINITIONS = RABBITMQ_DIR / "definitions.json"
@@ -173,14 +172,6 @@ async def users_like_shipped(
 def shipped_bindings(definitions: dict[str, Any]) -> set[tuple[str, str, str]]:
     """(source, destination, routing key) of every shipped binding."""
     return {(b["source"], b["destination"], b["routing_key"]) for b in definitions["bindings"]}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

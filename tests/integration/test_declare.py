@@ -14,10 +14,11 @@ import logging
 import aio_pika
 import pytest
 
-from service import produce, scan
+from service import scan
 from service.core import topology
 from service.core.errors import TopologyMismatch
 from service.declare import declare
+from service.scan import every
 from service.settings import Settings
 from tests.integration.definitions_support import BrokerAdmin
 from tests.support import (
@@ -154,7 +155,7 @@ async def test_scan_on_a_timer_stops_on_drift(stack: Stack) -> None:
     await _redeclare(stack.amqp_url, topology.QUEUE, {})
     async with asyncio.timeout(30):
         with pytest.raises(TopologyMismatch, match="queue 'expirations'"):
-            await produce.scan_every(stack.settings, 0.2, asyncio.Event())
+            await every.scan_every(stack.settings, 0.2, asyncio.Event())
 
 
 def _unchecked(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

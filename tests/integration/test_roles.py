@@ -16,7 +16,6 @@ import json
 import logging
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -42,6 +41,7 @@ from tests.support import (
     Endpoints,
     Stack,
     eventually,
+    free_port,
     insert_holds,
     missing,
     pg_connection,
@@ -101,14 +101,6 @@ def command(module: str, stack: Stack, role: str, *args: str) -> subprocess.Comp
         timeout=60,
         check=False,
     )
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 async def admin(url: str, *statements: str) -> None:
@@ -422,6 +414,7 @@ CANNOT = {
         f"INSERT INTO publish_leases (reservation_id, message_id, lease_until) "
         f"VALUES ({NIL}, 'm', now())",
         "UPDATE publish_leases SET lease_until = now()",
+        "SELECT message_id, lease_until FROM publish_leases",
         "SELECT * FROM reservation_transitions",
         "UPDATE reservation_transitions SET worker = 'x'",
         "DELETE FROM reservation_transitions",
@@ -568,6 +561,7 @@ GRANTS = {
         "status times_dead error_class give_up reason attempts first_seen last_seen worker "
         "updated_at"
     ),
+    (CONSUMER, "publish_leases", "SELECT"): "reservation_id last_published",
     (SCAN, "reservations", "SELECT"): EVERY_COLUMN,
     (SCAN, "reservations", "UPDATE"): "updated_at",
     (SCAN, "publish_leases", "SELECT"): EVERY_COLUMN,

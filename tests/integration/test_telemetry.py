@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from service import scan
 from service.adapters import telemetry
@@ -24,6 +23,7 @@ from tests.proxy import tcp_proxy
 from tests.support import (
     Stack,
     eventually,
+    free_port,
     insert_holds,
     publish_raw,
     queue_depth,
@@ -92,7 +92,9 @@ async def test_one_trace_links_the_scan_the_consumer_and_the_database(
     assert attributes["messaging.destination.name"] == "expirations"
     assert str(attributes["messaging.message.id"]).startswith(f"expire:{rid}:")
     assert attributes["messaging.rabbitmq.destination.routing_key"] == "expire"
-    assert attributes["messaging.rabbitmq.message.redelivered"] is False
+    assert attributes["expiry.redelivered"] is False
+    assert not [name for name in attributes if name.startswith("messaging.rabbitmq.message.re")]
+    assert isinstance(attributes["messaging.rabbitmq.message.delivery_tag"], int)
     assert (attributes["expiry.attempt"], attributes["expiry.outcome"]) == (1, "expired")
     database = [
         s for s in finished if s.kind is SpanKind.CLIENT and received in _ancestors(s, index)
@@ -123,6 +125,10 @@ async def test_a_retry_stays_in_the_same_trace(stack: Stack, spans: InMemorySpan
     assert [(s.attributes or {}).get("expiry.outcome") for s in consumed] == ["retry", "expired"]
     assert [(s.attributes or {}).get("expiry.attempt") for s in consumed] == [1, 2]
     assert (consumed[0].attributes or {}).get("expiry.error_class") == "db.unavailable"
+    assert consumed[0].status.status_code is StatusCode.ERROR
+    assert "error.type" in (consumed[0].attributes or {})
+    assert [e.name for e in consumed[0].events] == ["exception"]
+    assert consumed[1].status.status_code is not StatusCode.ERROR
     traces = {s.context.trace_id for s in consumed if s.context is not None}
     [hop] = [s for s in finished if s.name.startswith("expirations.retry")]
     assert hop.context is not None
@@ -199,8 +205,8 @@ async def test_metrics_follow_a_small_run(stack: Stack) -> None:
     await insert_holds(stack.database_url, 5, due_in=-30)
     async with running_consumer(stack.settings, metrics=metrics, backlog_every=0.2) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
-        await eventually(lambda: _true(metrics.backlog.total == 5))
-        assert metrics.backlog.oldest_due_age_seconds >= 30
+        await eventually(lambda: _true(metrics.gauges.backlog.total == 5))
+        assert metrics.gauges.backlog.oldest_due_age_seconds >= 30
         before = _points(reader)
         assert _value(before, "expiry.oldest_due_age") is not None
         assert _value(before, "expiry.backlog", age="10s_1m") == 5
@@ -209,7 +215,7 @@ async def test_metrics_follow_a_small_run(stack: Stack) -> None:
         await eventually(lambda: _expired(stack, 5))
         await publish_raw(stack.amqp_url, [b"not json"], message_ids=["poison-m"])
         await eventually(lambda: _true(_value(_points(reader), "expiry.dead_letters") == 1))
-        await eventually(lambda: _true(metrics.backlog.total == 0))
+        await eventually(lambda: _true(metrics.gauges.backlog.total == 0))
     after = _points(reader)
     provider.shutdown()
     assert _value(after, "expiry.commands", outcome="expired") == 5
@@ -225,18 +231,11 @@ async def _true(value: bool) -> bool:
     return value
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_health_endpoint_reports_liveness_readiness_and_metrics(stack: Stack) -> None:
     """Ready only with a channel and a database; live regardless; metrics in Prometheus text."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
-    port = _free_port()
+    port = free_port()
     provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
     metrics = Metrics(provider.get_meter("test"))
     async with tcp_proxy(stack.database_url, 5432) as proxy:

@@ -15,7 +15,10 @@ from uuid import UUID
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from service.adapters.metrics import Metrics
 from service.adapters.postgres import BatchRow, Expiry
@@ -43,6 +46,8 @@ class FakeMessage:
     redelivered: bool = False
     headers: dict[str, Any] = field(default_factory=dict)
     routing_key: str = "expire"
+    exchange: str = "expirations"
+    delivery_tag: int | None = 1
     content_type: str | None = "application/json"
     content_encoding: str | None = None
     correlation_id: str | None = None
@@ -305,3 +310,66 @@ async def test_a_traced_delivery_is_waited_for_by_its_callback(world: World) -> 
     attributes = dict(getattr(span, "attributes", {}) or {})
     assert attributes["expiry.outcome"] == "expired"
     assert attributes["expiry.attempt"] == 1
+
+
+def _traced(exporter: InMemorySpanExporter) -> trace.Tracer:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test")
+
+
+async def test_a_traced_job_carries_the_messaging_conventions_and_no_invented_ones(
+    world: World,
+) -> None:
+    """The consumer span: messaging.* attributes of the semantic conventions only (the
+    exchange as destination, the routing key, the delivery tag), ours under expiry.*."""
+    exporter = InMemorySpanExporter()
+    message = command(world.store, delivery_tag=7)
+    with _traced(exporter).start_as_current_span("expirations process"):
+        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
+    [span] = exporter.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert {k: v for k, v in attributes.items() if k.startswith("messaging.")} == {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": "expirations",
+        "messaging.message.id": message.message_id,
+        "messaging.rabbitmq.destination.routing_key": "expire",
+        "messaging.rabbitmq.message.delivery_tag": 7,
+    }
+    assert (attributes["expiry.redelivered"], attributes["expiry.outcome"]) == (False, "expired")
+    assert span.status.status_code is not trace.StatusCode.ERROR
+
+
+@pytest.mark.parametrize(
+    ("deliver", "outcome", "error_type"),
+    [
+        ("transient", "retry", "builtins.OSError"),
+        ("poison", "dead-letter", "service.core.errors.PoisonMessage"),
+    ],
+)
+async def test_a_retried_or_dead_lettered_job_ends_its_span_in_error(
+    world: World, deliver: str, outcome: str, error_type: str
+) -> None:
+    """Error status, error.type and the exception event, as the conventions say; the
+    event shows our short reason, never the exception's own text (it may quote data)."""
+    exporter = InMemorySpanExporter()
+    if deliver == "transient":
+        world.store.fail_batches = True
+        world.store.fail_alone = OSError("password=hunter2 host=db")
+        message = command(world.store)
+    else:
+        message = FakeMessage(b'{"reservation_id": "customer-name-here"}')
+    with _traced(exporter).start_as_current_span("expirations process"):
+        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
+    [span] = exporter.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert (attributes["error.type"], attributes["expiry.outcome"]) == (error_type, outcome)
+    [event] = [e for e in span.events if e.name == "exception"]
+    shown = " ".join(str(v) for v in (event.attributes or {}).values())
+    assert (event.attributes or {})["exception.type"] == error_type
+    assert "hunter2" not in shown
+    assert "customer-name-here" not in shown
+    assert "hunter2" not in str(span.status.description)

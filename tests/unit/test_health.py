@@ -141,6 +141,20 @@ async def test_head_is_answered_without_a_body() -> None:
     assert (answer.status, answer.headers["content-length"], answer.body) == (200, "3", b"")
 
 
+async def test_a_liveness_check_decides_healthz() -> None:
+    """With a liveness check (the scanner's: its passes succeed), /healthz follows it."""
+    alive = [True]
+    server = HealthServer(_all_ready, metrics=False, liveness=lambda: alive[0])
+    port = await server.start(HOST, 0)
+    try:
+        assert (await exchange(port, get("/healthz"))).status == 200
+        alive[0] = False
+        answer = await exchange(port, get("/healthz"))
+    finally:
+        await server.close()
+    assert (answer.status, answer.body) == (503, b"unhealthy\n")
+
+
 async def test_metrics_are_served_in_prometheus_text() -> None:
     """With metrics enabled, /metrics answers the default registry in Prometheus text."""
     async with serving(metrics=True) as (_server, port):

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
+from service.adapters import telemetry
 from service.adapters.telemetry import JsonFormatter, TextFormatter, redact
 from service.core.redaction import forget_secrets, register_url_secrets
 
@@ -127,3 +128,30 @@ def test_a_line_that_cannot_be_formatted_leaks_nothing(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "log line lost: bad.%s %s (TypeError)" in err
     assert "secretpassword" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({}, "expiry-service"),
+        ({"OTEL_SERVICE_NAME": "holds-eu"}, "holds-eu"),
+        (
+            {"OTEL_RESOURCE_ATTRIBUTES": "service.name=holds-us,deployment.environment=prod"},
+            "holds-us",
+        ),
+        ({"OTEL_SERVICE_NAME": "a", "OTEL_RESOURCE_ATTRIBUTES": "service.name=b"}, "a"),
+    ],
+)
+def test_the_standard_variables_win_over_our_resource_defaults(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], name: str
+) -> None:
+    """OTEL_SERVICE_NAME, then service.name in OTEL_RESOURCE_ATTRIBUTES, then ours."""
+    for key in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    attributes = dict(telemetry.resource_for("consume", "w1").attributes)
+    assert attributes["service.name"] == name
+    assert (attributes["service.instance.id"], attributes["expiry.role"]) == ("w1", "consume")
+    if "deployment.environment" in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        assert attributes["deployment.environment"] == "prod"

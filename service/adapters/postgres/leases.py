@@ -48,14 +48,20 @@ RETURNING reservation_id
 """
 
 
-# The broker confirmed these: the lease now runs for the full lease length.
+# The broker confirmed these: the lease now runs for the full lease length. A
+# hold published before (its lease lapsed while it stayed held: the command was
+# lost, stuck, or dead-lettered) is counted.
 RECORD_LEASES = """
-UPDATE publish_leases
-   SET lease_until = clock_timestamp() + make_interval(secs => $2),
-       first_published = coalesce(first_published, clock_timestamp()),
-       last_published = clock_timestamp(),
-       publish_count = publish_count + 1
- WHERE reservation_id = ANY($1::uuid[])
+WITH recorded AS (
+    UPDATE publish_leases
+       SET lease_until = clock_timestamp() + make_interval(secs => $2),
+           first_published = coalesce(first_published, clock_timestamp()),
+           last_published = clock_timestamp(),
+           publish_count = publish_count + 1
+     WHERE reservation_id = ANY($1::uuid[])
+ RETURNING publish_count
+)
+SELECT count(*) FILTER (WHERE publish_count > 1) FROM recorded
 """
 
 
@@ -90,9 +96,11 @@ async def claim_leases(
     return {row["reservation_id"] for row in rows}
 
 
-async def record_leases(conn: Connection, ids: Sequence[UUID], *, lease_seconds: int) -> None:
-    """Record that these commands were confirmed by the broker."""
-    await conn.execute(RECORD_LEASES, list(ids), float(lease_seconds))
+async def record_leases(conn: Connection, ids: Sequence[UUID], *, lease_seconds: int) -> int:
+    """Record that these commands were confirmed by the broker; how many of them were
+    published again after their lease lapsed."""
+    lapsed: int = await conn.fetchval(RECORD_LEASES, list(ids), float(lease_seconds))
+    return lapsed
 
 
 async def release_claims(conn: Connection, ids: Sequence[UUID]) -> None:

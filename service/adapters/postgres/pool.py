@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -22,6 +23,9 @@ else:
 
 
 DB_NOW = "SELECT now()"
+
+
+CLOCK_NOW = "SELECT clock_timestamp()"
 
 
 PING = "SELECT 1"
@@ -86,3 +90,13 @@ async def db_now(conn: Connection) -> datetime:
     """The database's clock: the only clock that decides what is due."""
     value: datetime = await conn.fetchval(DB_NOW)
     return value
+
+
+async def clock_drift(conn: Connection) -> float:
+    """This process's wall clock minus the database's, in seconds (positive: ours is
+    ahead), to within half a round trip: the database's reading is taken to fall at
+    the middle of the query."""
+    before = time.time()
+    database: datetime = await conn.fetchval(CLOCK_NOW)
+    after = time.time()
+    return (before + after) / 2 - database.timestamp()

@@ -20,13 +20,16 @@ WITH expired AS (
     UPDATE reservations
        SET status = 'expired', updated_at = now()
      WHERE id = $1 AND status = 'held' AND hold_until <= now()
- RETURNING id, extract(epoch FROM now() - hold_until)::float8 AS lag
+ RETURNING id, extract(epoch FROM now() - hold_until)::float8 AS lag,
+           (SELECT extract(epoch FROM now() - l.last_published)::float8
+              FROM publish_leases l WHERE l.reservation_id = reservations.id) AS since_published
 ), audit AS (
     INSERT INTO reservation_transitions
            (reservation_id, from_status, to_status, message_id, attempt, worker)
     SELECT id, 'held', 'expired', $2, $3, $4 FROM expired
 )
 SELECT EXISTS (SELECT 1 FROM expired) AS won, (SELECT lag FROM expired) AS lag,
+       (SELECT since_published FROM expired) AS since_published,
        r.status, r.hold_until <= now() AS due
   FROM (SELECT 1) AS one
   LEFT JOIN reservations r ON r.id = $1
@@ -38,10 +41,12 @@ READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations 
 
 @dataclass(frozen=True)
 class Expiry:
-    """What one guarded update did, and (if it expired the hold) the lag since its deadline."""
+    """What one guarded update did, and (if it expired the hold) the lag since its deadline
+    and the time since the scan's confirmed publish of it (both by the database's clock)."""
 
     outcome: Outcome
     lag_seconds: float | None
+    since_published_seconds: float | None = None
 
 
 async def expire_reservation(
@@ -56,7 +61,7 @@ async def expire_reservation(
         # read it again, now that the update has waited for that writer.
         fresh = await reservation_state(conn, reservation_id)
         status, due = fresh if fresh else (None, False)
-    return Expiry(outcome_of(won=won, status=status, due=due), row["lag"])
+    return Expiry(outcome_of(won=won, status=status, due=due), row["lag"], row["since_published"])
 
 
 # The batched guarded update: rows are locked in id order (so two consumers
@@ -75,14 +80,17 @@ WITH batch AS (
        SET status = 'expired', updated_at = now()
       FROM locked l
      WHERE r.id = l.id AND r.status = 'held' AND r.hold_until <= now()
- RETURNING r.id, extract(epoch FROM now() - r.hold_until)::float8 AS lag
+ RETURNING r.id, extract(epoch FROM now() - r.hold_until)::float8 AS lag,
+           (SELECT extract(epoch FROM now() - pl.last_published)::float8
+              FROM publish_leases pl WHERE pl.reservation_id = r.id) AS since_published
 ), audit AS (
     INSERT INTO reservation_transitions
            (reservation_id, from_status, to_status, message_id, attempt, worker)
     SELECT e.id, 'held', 'expired', b.message_id, b.attempt, $4
       FROM expired e JOIN batch b ON b.id = e.id
 )
-SELECT b.id, e.id IS NOT NULL AS won, e.lag, r.status, r.hold_until <= now() AS due
+SELECT b.id, e.id IS NOT NULL AS won, e.lag, e.since_published, r.status,
+       r.hold_until <= now() AS due
   FROM batch b
   LEFT JOIN expired e ON e.id = b.id
   LEFT JOIN reservations r ON r.id = b.id
@@ -97,6 +105,7 @@ class BatchRow:
     lag: float | None
     status: str | None
     due: bool
+    since_published: float | None = None
 
 
 async def expire_batch(
@@ -117,12 +126,15 @@ async def expire_batch(
     if len(ids) == 1:
         one = await conn.fetchrow(EXPIRE_RESERVATION, ids[0], message_ids[0], attempts[0], worker)
         assert one is not None  # the LEFT JOIN always yields one row
-        return {ids[0]: BatchRow(bool(one["won"]), one["lag"], one["status"], bool(one["due"]))}
+        return {ids[0]: _batch_row(one)}
     rows = await conn.fetch(EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), worker)
-    return {
-        row["id"]: BatchRow(bool(row["won"]), row["lag"], row["status"], bool(row["due"]))
-        for row in rows
-    }
+    return {row["id"]: _batch_row(row) for row in rows}
+
+
+def _batch_row(row: asyncpg.Record) -> BatchRow:
+    return BatchRow(
+        bool(row["won"]), row["lag"], row["status"], bool(row["due"]), row["since_published"]
+    )
 
 
 # Due held reservations by deadline age (width_bucket over the bounds in $1).

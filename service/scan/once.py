@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -26,6 +27,9 @@ from aio_pika.abc import AbstractExchange, AbstractRobustConnection
 from service.adapters import amqp, postgres
 from service.adapters.amqp import messages
 from service.adapters.amqp.topology import check_topology
+from service.adapters.classify import classify
+from service.adapters.gauges import read_gauges
+from service.adapters.metrics import Gauges
 from service.core.domain import message_id
 from service.core.errors import PublishNotConfirmed, ServiceError
 from service.core.topology import EXCHANGE, ROUTING_KEY
@@ -47,7 +51,9 @@ class ScanResult:
     published: int = 0
     failed: int = 0
     batches: int = 0
+    lapsed: int = 0  # published again: their lease had lapsed with the hold still held
     stopped: bool = False  # ended before its last page, ``stop`` being set
+    progressed_at: float = field(default_factory=time.monotonic)  # the last page recorded
 
 
 class ScanStopped(ServiceError):
@@ -64,21 +70,31 @@ class ScanStopped(ServiceError):
 
 
 async def scan_once(
-    settings: Settings, *, stop: asyncio.Event | None = None, check: bool = True
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    check: bool = True,
+    result: ScanResult | None = None,
+    gauges: Gauges | None = None,
 ) -> ScanResult:
     """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed.
 
     Once ``stop`` is set the scan claims and publishes nothing more (while it is
     still connecting it gives up as soon as it can) and raises ``ScanStopped``.
     With ``check`` it first checks the topology (``TopologyMismatch`` if it differs).
+    ``result`` is filled in as the pass goes (what it did, even if it raises);
+    ``gauges`` are read from the database after the pass.
     """
     stop = stop or asyncio.Event()
+    result = result if result is not None else ScanResult()
     async with contextlib.AsyncExitStack() as opened:
         # The broker first: if it is down, nothing is claimed and nothing recorded.
         connection = await _connect_broker(settings, stop, opened)
         prepared = _prepare(settings, connection, opened, check=check)
         conn, exchange = await _unless_stopped(stop, prepared)
-        result = await scan_pass(conn, exchange, settings, stop=stop)
+        await scan_pass(conn, exchange, settings, stop=stop, result=result)
+        if gauges is not None:
+            await _read_gauges(conn, gauges)
     if result.stopped:
         raise ScanStopped(result)
     if result.failed:
@@ -87,6 +103,14 @@ async def scan_once(
             f"({result.published} confirmed); the next scan publishes them again"
         )
     return result
+
+
+async def _read_gauges(conn: postgres.Connection, gauges: Gauges) -> None:
+    """The backlog and the clock drift, for the scanner's /metrics; a failure is logged."""
+    try:
+        await read_gauges(conn, gauges, dead_letters=False)  # the scan's role may not read them
+    except Exception as exc:
+        log.warning("metrics.refresh_failed", extra={"error_class": classify(exc)[1]})
 
 
 async def _connect_broker(
@@ -139,8 +163,9 @@ async def scan_pass(
     settings: Settings,
     *,
     stop: asyncio.Event | None = None,
+    result: ScanResult | None = None,
 ) -> ScanResult:
-    """Publish every due hold without a live lease, as of the scan's start.
+    """Publish every due hold without a live lease, as of the scan's start (into ``result``).
 
     Pipelined two pages deep: while one page's confirms come in, the next page
     is claimed and published, and the page before is recorded; so neither the
@@ -149,7 +174,7 @@ async def scan_pass(
     published any more: the pages in flight are recorded, and a pass that ends
     before its last page says ``stopped``.
     """
-    result = ScanResult()
+    result = result if result is not None else ScanResult()
     stop = stop or asyncio.Event()
     until = await postgres.db_now(conn)
     cursor = (postgres.EPOCH_START, postgres.NIL_UUID)
@@ -215,10 +240,11 @@ async def record_page(
     done = {hold.id for hold in confirmed}
     failed = [hold.id for hold in page.batch if hold.id not in done]
     async with conn.transaction():
-        await postgres.record_leases(
+        result.lapsed += await postgres.record_leases(
             conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
         )
         await postgres.release_claims(conn, failed)
+    result.progressed_at = time.monotonic()
     if page.batch:
         result.batches += 1
     result.published += len(confirmed)

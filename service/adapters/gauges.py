@@ -1,0 +1,44 @@
+"""The gauges a process reads from the database: the backlog, its clock's drift, and (where
+its role may read them) open dead letters; once, or on a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from service.adapters import postgres
+from service.adapters.classify import classify
+from service.adapters.metrics import Gauges
+from service.settings import Settings
+
+log = logging.getLogger("service.metrics")
+
+
+def configure(gauges: Gauges, settings: Settings) -> None:
+    """The settings the alert rules compare with, as gauges."""
+    gauges.objective_seconds = settings.oldest_due_objective_seconds
+    gauges.drift_tolerance_seconds = settings.clock_drift_tolerance_seconds
+
+
+async def read_gauges(conn: postgres.Connection, gauges: Gauges, *, dead_letters: bool) -> None:
+    """Read them now (``dead_letters``: the role may read ``dead_letters``)."""
+    gauges.backlog = await postgres.backlog(conn)
+    gauges.clock_drift_seconds = await postgres.clock_drift(conn)
+    if dead_letters:
+        gauges.open_dead_letters = dict(await postgres.dead_letters_by_class(conn))
+
+
+async def refresh_gauges(
+    pool: postgres.Pool, gauges: Gauges, every: float, *, dead_letters: bool
+) -> None:
+    """Keep them current (observable gauges cannot await the database); a failed read is
+    logged and the old values stay until the next one."""
+    while True:
+        try:
+            async with pool.acquire() as conn:
+                await read_gauges(conn, gauges, dead_letters=dead_letters)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("metrics.refresh_failed", extra={"error_class": classify(exc)[1]})
+        await asyncio.sleep(every)
