@@ -23,6 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -266,3 +267,94 @@ def management_url_beside(amqp_url: str) -> str:
     a list), without credentials (a service logs in with its AMQP user)."""
     parts = urlsplit(amqp_url.split(",")[0])
     return f"http://{parts.hostname}:{(parts.port or 5672) + MANAGEMENT_OFFSET}"
+
+
+class FaultNode(Protocol):
+    """What the fault suite needs of its broker node: where it is, and its app stopped,
+    started and told things (``rabbitmqctl``)."""
+
+    @property
+    def amqp_port(self) -> int: ...
+
+    @property
+    def management_url(self) -> str: ...
+
+    def amqp_url(self, vhost: str = "/", port: int | None = None) -> str: ...
+
+    def ctl(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def stop_app(self) -> None: ...
+
+    def start_app(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+RABBITMQ4_SCRIPT = Path(__file__).resolve().parents[1].parent / "shared" / "tools" / "rabbitmq4.sh"
+
+
+@dataclass
+class Rabbitmq4Node:
+    """The RabbitMQ 4.x node of ``../shared/tools/rabbitmq4.sh`` (``rmq4@localhost``: AMQP
+    5673, management 15673), for the fault suite's leg on 4.x. The script owns the node:
+    it is started if down, its app stopped and started for the scenarios, and left
+    running at the end."""
+
+    script: Path = RABBITMQ4_SCRIPT
+    amqp_port: int = 5673
+    management_port: int = 15673
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return run(["bash", str(self.script), *args], timeout=timeout)
+
+    def start(self) -> None:
+        """Start the node (or its app) if it is not running, and wait for its API."""
+        if not self.script.exists():
+            raise ServerUnavailable(f"{self.script} is missing")
+        if self._run("status").returncode != 0:
+            checked(self._run("start", timeout=180), f"{self.script} start")
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(
+                    f"{self.management_url}/api/overview", auth=("guest", "guest"), timeout=5
+                )
+                if answer.status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ServerUnavailable("the RabbitMQ 4 node's management API did not answer")
+            time.sleep(0.5)
+
+    def ctl(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """``rabbitmqctl ...`` against the node (through the script)."""
+        result = self._run("ctl", *args, timeout=timeout)
+        if check:
+            checked(result, f"rabbitmq4.sh ctl {' '.join(args)}")
+        return result
+
+    def stop_app(self) -> None:
+        """Stop the RabbitMQ application (the Erlang node keeps running)."""
+        self.ctl("stop_app")
+
+    def start_app(self) -> None:
+        """Start the application again and wait until it serves."""
+        self.ctl("start_app")
+        self.ctl("await_startup", "--timeout", "60")
+
+    def shutdown(self) -> None:
+        """Leave the node as found: its app running (the script's other users expect it)."""
+        if self._run("status").returncode != 0:
+            self._run("start", timeout=180)
+
+    def amqp_url(self, vhost: str = "/", port: int | None = None) -> str:
+        """The AMQP URL of ``vhost`` on this node (through ``port`` if given)."""
+        return f"amqp://guest:guest@127.0.0.1:{port or self.amqp_port}/{quote(vhost, safe='')}"
+
+    @property
+    def management_url(self) -> str:
+        """The management API's base URL."""
+        return f"http://127.0.0.1:{self.management_port}"

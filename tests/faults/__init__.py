@@ -28,7 +28,13 @@ Where things run
   on free ports, with its own home, Erlang cookie, data, logs and management
   listener; each scenario gets its own vhost on it. ``rabbitmqctl stop_app`` /
   ``start_app`` on it never touches the machine's broker. Stopped, killed if
-  need be (by its process group) and removed at the end.
+  need be (by its process group) and removed at the end. With
+  ``FAULTS_RABBITMQ=4`` the suite runs on RabbitMQ 4.x instead: the node of
+  ``../shared/tools/rabbitmq4.sh`` (``tests.rabbitnode.Rabbitmq4Node``), driven
+  through that script and left running (``.ci/run``'s third leg).
+- **A primary and its streaming replica**, for the failover scenario only
+  (``pg_createcluster`` twice, the second made with ``pg_basebackup -R``;
+  dropped at the end).
 - **One private PostgreSQL cluster per session**, only if a scenario needs to
   stop the database (``pg_createcluster`` under a unique name on a free port,
   trust auth; ``pg_dropcluster --stop`` at the end). The other scenarios use a
@@ -86,6 +92,12 @@ Scenarios
  10   replay twice at once; a replay SIGKILLed   ``test_replay``
       between republish and removal
  11   topology drift                             ``test_topology``
+ 12   commands lost outside the broker (purged   ``test_leases``
+      after their confirm)
+ 13   the broker's disk and memory alarms        ``test_alarms``
+ 14   worker clocks minutes ahead and behind     ``test_clocks``
+      (libfaketime)
+ 15   PostgreSQL fails over to a replica         ``test_failover``
 ====  =========================================  ==========================================
 
 Each scenario prints a ``FIGURES`` line (holds, seconds, deliveries,

@@ -4,6 +4,7 @@ it), and a world per scenario. Prints every scenario's figures at the end."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,22 +13,28 @@ import pytest
 from tests.faults.nodes import PgCluster
 from tests.faults.report import RESULTS
 from tests.faults.world import World, open_world
-from tests.rabbitnode import RabbitNode, ServerUnavailable
+from tests.rabbitnode import FaultNode, Rabbitmq4Node, RabbitNode, ServerUnavailable
 from tests.support import Endpoints, missing
 
 
 @pytest.fixture(scope="session")
-def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
-    """A private RabbitMQ node on ports of its own; stopped and removed afterwards."""
+def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultNode]:
+    """The suite's broker node: a private node of the machine's rabbitmq-server on ports
+    of its own (stopped and removed afterwards), or with ``FAULTS_RABBITMQ=4`` the
+    RabbitMQ 4.x node of ``../shared/tools/rabbitmq4.sh`` (left running)."""
+    node: RabbitNode | Rabbitmq4Node
     try:
-        node = RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
+        if os.environ.get("FAULTS_RABBITMQ", "") == "4":
+            node = Rabbitmq4Node()
+        else:
+            node = RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
     except ServerUnavailable as exc:
         missing(f"no private RabbitMQ node: {exc}")
     try:
         node.start()
     except ServerUnavailable as exc:
         node.shutdown()
-        missing(f"no private RabbitMQ node: {exc}")
+        missing(f"no RabbitMQ node for the fault suite: {exc}")
     yield node
     node.shutdown()
 
@@ -50,7 +57,7 @@ def pg_cluster() -> Iterator[PgCluster]:
 
 @pytest.fixture
 async def world(
-    endpoints: Endpoints, rabbit_node: RabbitNode, tmp_path: Path
+    endpoints: Endpoints, rabbit_node: FaultNode, tmp_path: Path
 ) -> AsyncIterator[World]:
     """A database on the machine's PostgreSQL and a vhost on the private node."""
     async with open_world(endpoints.database_url, rabbit_node, tmp_path) as opened:
@@ -59,11 +66,33 @@ async def world(
 
 @pytest.fixture
 async def pg_world(
-    pg_cluster: PgCluster, rabbit_node: RabbitNode, tmp_path: Path
+    pg_cluster: PgCluster, rabbit_node: FaultNode, tmp_path: Path
 ) -> AsyncIterator[World]:
     """A database on the private PostgreSQL cluster and a vhost on the private node."""
     async with open_world(pg_cluster.admin_url, rabbit_node, tmp_path, pg_cluster) as opened:
         yield opened
+
+
+@pytest.fixture
+async def failover_world(
+    rabbit_node: FaultNode, tmp_path: Path
+) -> AsyncIterator[tuple[World, PgCluster, PgCluster]]:
+    """A primary and its streaming replica (private clusters of their own, dropped
+    afterwards), a database on the primary (replicated), a vhost on the private node."""
+    primary, replica = PgCluster(), PgCluster()
+    try:
+        primary.create()
+        replica.create_replica_of(primary)
+    except ServerUnavailable as exc:
+        replica.drop()
+        primary.drop()
+        missing(f"no private PostgreSQL primary and replica: {exc}")
+    try:
+        async with open_world(primary.admin_url, rabbit_node, tmp_path, primary) as opened:
+            yield opened, primary, replica
+    finally:
+        replica.drop()
+        primary.drop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

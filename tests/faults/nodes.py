@@ -91,6 +91,32 @@ class PgCluster:
             run(["pg_dropcluster", self.version, self.name, "--stop"])
             self.created = False
 
+    def create_replica_of(self, primary: PgCluster) -> None:
+        """Create this cluster as a streaming replica of ``primary`` (``pg_basebackup -R``,
+        asynchronous, as a default set-up is) and start it."""
+        # A standby needs max_connections at least the primary's (create() sets 200).
+        create = ["pg_createcluster", self.version, self.name, "--port", str(self.port)]
+        checked(
+            run([*create, "-o", "max_connections=200", "--", "--auth=trust"]), "pg_createcluster"
+        )
+        self.created = True
+        data = Path("/var/lib/postgresql") / self.version / self.name
+        for entry in data.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        backup = [
+            "runuser", "-u", "postgres", "--", "pg_basebackup", "-h", "127.0.0.1",
+            "-p", str(primary.port), "-U", "postgres", "-D", str(data), "-R", "-X", "stream",
+        ]  # fmt: skip
+        checked(run(backup), "pg_basebackup")
+        self.start()
+
+    def promote(self) -> None:
+        """Make this replica the primary (``pg_ctlcluster promote``)."""
+        self._ctl("promote")
+
     @property
     def admin_url(self) -> str:
         """A maintenance DSN of the cluster."""

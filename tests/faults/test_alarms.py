@@ -1,4 +1,4 @@
-"""Scenario 12: the broker's disk and memory alarms.
+"""Scenario 13: the broker's disk and memory alarms.
 
 With an alarm up, RabbitMQ blocks every connection that publishes and keeps
 delivering to consumers. The scan must give up within its publish timeout,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from uuid import UUID
 
 import asyncpg
 import pytest
@@ -28,16 +29,19 @@ pytestmark = pytest.mark.faults
 
 PUBLISH_TIMEOUT_SECONDS = 3
 ALARMS = {
-    # raise, clear, the field of GET /api/nodes that shows it
+    # how to raise it, how to set the limit back (to the node's own, in bytes), the
+    # field of GET /api/nodes that shows the alarm and the one that holds the limit
     "disk": (
         ("set_disk_free_limit", "100000GB"),
-        ("set_disk_free_limit", "50MB"),
+        ("set_disk_free_limit",),
         "disk_free_alarm",
+        "disk_free_limit",
     ),
     "memory": (
         ("set_vm_memory_high_watermark", "0.000001"),
-        ("set_vm_memory_high_watermark", "0.4"),
+        ("set_vm_memory_high_watermark", "absolute"),
         "mem_alarm",
+        "mem_limit",
     ),
 }
 
@@ -55,7 +59,13 @@ async def wait_alarm(world: World, field: str, *, up: bool, timeout: float = 60)
             await asyncio.sleep(0.2)
 
 
-async def held_due(url: str, ids: list[object]) -> int:
+async def limit_of(world: World, field: str) -> int:
+    """The node's limit ``field`` now, in bytes."""
+    [node] = await world.management.request("GET", "/nodes")
+    return int(node[field])
+
+
+async def held_due(url: str, ids: list[UUID]) -> int:
     """How many of ``ids`` are still held."""
     conn = await asyncpg.connect(url)
     try:
@@ -75,7 +85,8 @@ async def test_an_alarm_blocks_the_scan_and_the_consumers_keep_draining(
     """Commands queued, then the alarm: consumers drain the queue; a scan of new due holds
     exits 1 within its publish timeout with no lease for what was not confirmed; the alarm
     cleared, a scan publishes the rest and every hold expires once."""
-    raise_alarm, clear_alarm, field = ALARMS[alarm]
+    raise_alarm, clear_alarm, field, limit_field = ALARMS[alarm]
+    clear_alarm = (*clear_alarm, str(await limit_of(world, limit_field)))
     workload = await create_workload(world.database_url, holds_from_environment())
     first = await world.scan()
     assert first.returncode == 0, first.text()[-2000:]
@@ -111,7 +122,7 @@ async def test_an_alarm_blocks_the_scan_and_the_consumers_keep_draining(
     await stop_cleanly([scanner, *consumers])
     outcome = await verify(world, expect, settled=settled)
     report(
-        f"12 broker {alarm} alarm",
+        f"13 broker {alarm} alarm",
         holds=workload.holds,
         seconds=seconds,
         stats=world.fleet.consumer_stats(),

@@ -1,4 +1,4 @@
-"""Scenario 13: workers whose clocks run minutes ahead and behind the database's.
+"""Scenario 14: workers whose clocks run minutes ahead and behind the database's.
 
 Deadlines are compared with the database's clock only (``hold_until <= now()`` in
 SQL), so a worker five minutes ahead must not expire a hold early, and one five
@@ -110,7 +110,7 @@ async def test_skewed_worker_clocks_neither_expire_early_nor_lose_a_hold(
     assert abs(drifts["ahead"] - SKEWS["ahead"]) < 2, drifts
     assert abs(drifts["behind"] - SKEWS["behind"]) < 2, drifts
     report(
-        "13 skewed worker clocks",
+        "14 skewed worker clocks",
         holds=workload.holds,
         seconds=seconds,
         stats=world.fleet.consumer_stats(),

@@ -1,4 +1,4 @@
-"""Scenario 11: commands lost outside the broker's guarantees come back by their lease.
+"""Scenario 12: commands lost outside the broker's guarantees come back by their lease.
 
 A confirmed command can still vanish: a queue purged by hand, a policy that
 drops messages, a queue deleted and declared again. The scan gave the hold a
@@ -76,7 +76,7 @@ async def test_commands_lost_outside_the_broker_come_back_when_their_lease_lapse
     assert counts == {2: len(workload.due)}, counts  # each published again, exactly once
     bound = LEASE_SECONDS + 2 * SCAN_EVERY
     report(
-        "11 commands lost outside the broker",
+        "12 commands lost outside the broker",
         holds=workload.holds,
         seconds=seconds,
         stats=world.fleet.consumer_stats(),

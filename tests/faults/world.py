@@ -13,7 +13,7 @@ from service.adapters.sandbox import sandbox_created
 from tests.faults.checks import install_transition_trigger
 from tests.faults.nodes import PgCluster
 from tests.faults.services import RETRY_DELAYS, Fleet, ServiceProcess, service_env
-from tests.rabbitnode import RabbitNode
+from tests.rabbitnode import FaultNode
 from tests.support import Management
 
 RUN = secrets.token_hex(3)
@@ -28,13 +28,14 @@ class World:
     database_url: str
     admin_url: str
     vhost: str
-    node: RabbitNode
+    node: FaultNode
     management: Management
     workdir: Path
     fleet: Fleet
     cluster: PgCluster | None = None
     retry_delays: tuple[int, ...] = RETRY_DELAYS
     names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every service process
 
     @property
     def amqp_url(self) -> str:
@@ -44,6 +45,7 @@ class World:
     def env(self, **overrides: str) -> dict[str, str]:
         """Environment of a service process of this world (``overrides`` win); the private
         node's management API, with the credentials of AMQP_URL."""
+        overrides = {**self.extra_env, **overrides}
         return service_env(self.database_url, self.amqp_url, self.node.management_url, **overrides)
 
     async def declare(self) -> ServiceProcess:
@@ -78,7 +80,7 @@ class World:
 
 @contextlib.asynccontextmanager
 async def open_world(
-    admin_url: str, node: RabbitNode, workdir: Path, cluster: PgCluster | None = None
+    admin_url: str, node: FaultNode, workdir: Path, cluster: PgCluster | None = None
 ) -> AsyncIterator[World]:
     """Create the database (migrated by ``python -m service.migrate``) and the vhost, with
     the topology declared by ``python -m service.declare``, as a deploy does."""
