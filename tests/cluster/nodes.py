@@ -31,8 +31,42 @@ from tests.rabbitnode import (
 LETTERS = "ABC"
 
 
+# What a node does when it finds itself in a minority of the cluster (as
+# rabbitmq/cluster.conf sets it for compose's cluster): it pauses, closing its
+# clients' connections, until it sees a majority again.
+PARTITION_HANDLING = "cluster_partition_handling = pause_minority\n"
+
+
 class ClusterNode(RabbitNode):
-    """One node of the private cluster: a private node that can join and come back."""
+    """One node of the private cluster: a private node that can join and come back, and be
+    cut off from its peers."""
+
+    def _write_files(self) -> None:
+        fresh = not (self.home / ".erlang.cookie").exists()
+        super()._write_files()
+        if fresh:
+            with (self.home / "rabbitmq.conf").open("a") as conf:
+                conf.write(PARTITION_HANDLING)
+
+    def isolate(self, peers: list[ClusterNode]) -> None:
+        """A partition between this node and ``peers``: the distribution links are cut and
+        cannot come back (this node offers them a cookie they do not have), while each
+        side stays up and reachable by its clients and by rabbitmqctl."""
+        names = ",".join(f"'{peer.name}'" for peer in peers)
+        self.ctl(
+            "eval",
+            f"[begin erlang:set_cookie(N, 'partitioned'), erlang:disconnect_node(N) end"
+            f" || N <- [{names}]], ok.",
+        )
+
+    def heal(self, peers: list[ClusterNode]) -> None:
+        """End the partition: the real cookie again, and a ping to each peer."""
+        names = ",".join(f"'{peer.name}'" for peer in peers)
+        self.ctl(
+            "eval",
+            f"[begin erlang:set_cookie(N, erlang:get_cookie()), net_adm:ping(N) end"
+            f" || N <- [{names}]], ok.",
+        )
 
     def join(self, first: ClusterNode) -> None:
         """Join ``first``'s cluster: stop_app, join_cluster, start_app, await_startup."""

@@ -11,7 +11,7 @@ RESULTS: list[Figures] = []
 class Figures:
     """What a run of the cluster test measured."""
 
-    departure: str  # how the leader's node went away: stop_app or kill
+    departure: str  # how the leader's node went away: stop_app, kill or partition
     holds: int
     node_gone: str
     expired_at_departure: int  # holds expired when the node went away
@@ -35,6 +35,7 @@ class Figures:
     scanner_unreachable: int  # the scanner's broker.unreachable lines after the departure
     failed_scans: int  # scan.failed lines
     consumers_now_on: str  # the nodes of the consumers' connections after the failover
+    rejoined_after_heal_s: float = 0.0  # a partition: the heal -> all three nodes running
 
     def lines(self) -> list[str]:
         """One ``name: value`` line per figure."""

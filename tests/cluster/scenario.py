@@ -38,10 +38,11 @@ from tests.faults.services import RETRY_DELAYS
 from tests.faults.services import service_env as faults_service_env
 from tests.rabbitnode import management_url_beside
 
-Departure = Literal["stop_app", "kill"]
+Departure = Literal["stop_app", "kill", "partition"]
 
 CONSUMERS = 3
 FAILOVER_SECONDS = 90.0
+PARTITION_SECONDS = 10.0  # how long the partition lasts once the consumers have moved
 STOP_AT = 1 / 3
 SETTLE_SECONDS = 120.0  # after the last hold fell due, for the rest to expire
 CONSUMER_PREFIX = "expiry-consume cluster-consumer"
@@ -200,16 +201,36 @@ class Departed:
     expired: int
     offsets: dict[str, int]
     took_s: float = 0.0
+    healed_after_s: float = 0.0  # a partition: from the heal to the node's rejoining
 
 
-def take_away(node: ClusterNode, departure: Departure) -> float:
-    """``rabbitmqctl stop_app`` (connections closed by the broker) or SIGKILL (no goodbye);
-    return how long that took."""
+def take_away(node: ClusterNode, departure: Departure, peers: list[ClusterNode]) -> float:
+    """``rabbitmqctl stop_app`` (connections closed by the broker), SIGKILL (no goodbye), or
+    a partition between the node and its peers (a minority of one, which pauses under
+    ``pause_minority`` and closes its clients' connections); return how long that took."""
     began = time.monotonic()
     if departure == "stop_app":
         node.stop_app()
-    else:
+    elif departure == "kill":
         node.kill()
+    else:
+        node.isolate(peers)
+    return time.monotonic() - began
+
+
+async def heal(run: Run) -> float:
+    """End a partition and wait until the paused node runs in the cluster again; return
+    how long it took to rejoin."""
+    began = time.monotonic()
+    peers = [node for node in run.cluster.nodes if node is not run.leader]
+    await asyncio.to_thread(run.leader.heal, peers)
+
+    async def rejoined() -> bool:
+        return await asyncio.to_thread(run.cluster.running_nodes) == sorted(
+            node.name for node in run.cluster.nodes
+        )
+
+    assert await succeeds(rejoined, FAILOVER_SECONDS), "the paused node did not rejoin"
     return time.monotonic() - began
 
 
@@ -222,7 +243,8 @@ async def depart(run: Run) -> tuple[Departed, float]:
         expired=await expired_count(run.database_url),
         offsets={p.name: p.size() for p in run.fleet.processes},
     )
-    stopping = asyncio.create_task(asyncio.to_thread(take_away, run.leader, run.departure))
+    peers = [node for node in run.cluster.nodes if node is not run.leader]
+    stopping = asyncio.create_task(asyncio.to_thread(take_away, run.leader, run.departure, peers))
     try:
         back = await succeeds(lambda: consumers_back(run, departed), FAILOVER_SECONDS)
         back_s = time.monotonic() - departed.mono
@@ -296,6 +318,11 @@ async def scenario(run: Run) -> Observation:
     assert reached, "a third of the holds did not expire before the departure"
     departed, back_s = await depart(run)
     consumer_nodes = await connection_nodes(run.survivor, run.vhost, CONSUMER_PREFIX)
+    if run.departure == "partition":
+        paused = run.leader.name not in await asyncio.to_thread(run.cluster.running_nodes)
+        assert paused, "the minority node did not pause"
+        await asyncio.sleep(PARTITION_SECONDS)
+        departed.healed_after_s = await heal(run)
     remaining = max(0.0, last_due - time.monotonic()) + SETTLE_SECONDS
     all_expired = await wait_for_expired(run, run.holds, remaining)
     queues_drained = await succeeds(lambda: drained(run, run.survivor), 60)
@@ -395,4 +422,5 @@ def figures_of(run: Run, seen: Observation, state: EndState) -> Figures:
         scanner_unreachable=len(scanner.named("broker.unreachable", departed.offsets["scanner"])),
         failed_scans=len(scanner.named("scan.failed")),
         consumers_now_on=", ".join(sorted(set(seen.consumer_nodes.values()))),
+        rejoined_after_heal_s=round(departed.healed_after_s, 1),
     )

@@ -153,7 +153,7 @@ async def test_status_reads_the_queues_through_another_node_when_the_first_is_do
     assert status.process.returncode == 0, status.text()
 
 
-@pytest.mark.parametrize("departure", ["stop_app", "kill"])
+@pytest.mark.parametrize("departure", ["stop_app", "kill", "partition"])
 async def test_leader_node_goes_away_mid_stream(
     rabbit_cluster: RabbitCluster,
     cluster_vhost: str,
@@ -161,8 +161,10 @@ async def test_leader_node_goes_away_mid_stream(
     tmp_path: Path,
     departure: Departure,
 ) -> None:
-    """The work queue's leader goes away mid-stream: consumers and scanner move to the other
-    nodes, every hold expires exactly once, nothing is dead-lettered, the queues drain."""
+    """The work queue's leader goes away mid-stream (stopped, killed, or cut off from the
+    other two, where ``pause_minority`` pauses it until the partition heals): consumers and
+    scanner move to the other nodes, every hold expires exactly once, nothing confirmed is
+    lost or done twice, nothing is dead-lettered, the queues drain."""
     run = Run(
         rabbit_cluster,
         cluster_vhost,
