@@ -39,7 +39,7 @@ from tests.support import (
 )
 from tests.support import pg_connection as pg
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.prometheus]
 
 RABBITMQ_METRICS = "http://127.0.0.1:15692/metrics/detailed"
 
@@ -126,7 +126,7 @@ class Prometheus:
         return True
 
 
-def _requirements() -> None:
+def _requirements(amqp_url: str) -> None:
     if shutil.which("prometheus") is None:
         missing("Debian's prometheus is not installed (apt install prometheus)")
     try:
@@ -134,11 +134,14 @@ def _requirements() -> None:
             pass
     except OSError:
         missing("RabbitMQ's Prometheus plugin does not answer on 15692 (rabbitmq-plugins enable)")
+    parts = urllib.parse.urlsplit(amqp_url)
+    if (parts.hostname, parts.port or 5672) not in (("127.0.0.1", 5672), ("localhost", 5672)):
+        missing("the test reads the Prometheus plugin of this machine's broker (127.0.0.1:5672)")
 
 
 @pytest.fixture
-def prometheus_tmp(tmp_path: Path) -> Path:
-    _requirements()
+def prometheus_tmp(tmp_path: Path, stack: Stack) -> Path:
+    _requirements(stack.amqp_url)
     return tmp_path
 
 
