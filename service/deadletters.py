@@ -1,4 +1,5 @@
-"""``python -m service.deadletters``: list, show and replay dead-lettered commands.
+"""``python -m service.deadletters``: list, show, replay, assign, note, close and reopen
+dead-lettered commands.
 
 What each action does is ``service/ops/dead_letters.py``'s (selection, what a
 replay will do, who may) and ``service/ops/replay.py``'s (republish with
@@ -17,6 +18,7 @@ import sys
 
 from service.adapters import lifecycle, postgres
 from service.cli import run_command
+from service.core.errors import UsageError
 from service.ops import dead_letters, replay
 from service.settings import Settings
 
@@ -81,20 +83,53 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if replay.any_failed(results) else 0
 
 
-async def unconfirmed(args: argparse.Namespace, actor: postgres.Actor, count: int) -> str | None:
-    """``--all`` replays many at once: confirmed at a terminal, or by ``--yes``."""
+# What each act selects: only open dead letters are assigned, noted or closed; only
+# closed ones are reopened.
+ACT_STATUSES = {
+    "assign": dead_letters.OPEN,
+    "note": dead_letters.OPEN,
+    "close": ("dead",),
+    "reopen": ("closed",),
+}
+
+
+async def act_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``assign``, ``note``, ``close``, ``reopen``: one dead letter, or a group (audited)."""
+    actor = dead_letters.actor_named(args.operator)
+    async with lifecycle.database(settings, name=NAME) as conn:
+        rows = await dead_letters.select(
+            conn,
+            None if args.all else args.id,
+            error_class=args.error_class,
+            give_up=args.give_up,
+            limit=args.limit,
+            statuses=ACT_STATUSES[args.action],
+            doing=args.action,
+        )
+        why = await unconfirmed(args, actor, len(rows), args.action)
+        if why is not None:
+            raise UsageError(why)
+        results = await dead_letters.act(conn, settings, actor, rows, args.action, args.text)
+    print("\n".join(dead_letters.act_lines(results, args.action)))
+    return 0
+
+
+async def unconfirmed(
+    args: argparse.Namespace, actor: postgres.Actor, count: int, doing: str = "replay"
+) -> str | None:
+    """``--all`` acts on many at once: confirmed at a terminal, or by ``--yes``."""
     if not args.all or args.yes:
         return None
     if not sys.stdin.isatty():
-        return "replay --all needs --yes when it is not run at a terminal"
-    question = f"replay {count} dead letter(s) as {actor.operator}? [y/N] "
+        return f"{doing} --all needs --yes when it is not run at a terminal"
+    question = f"{doing} {count} dead letter(s) as {actor.operator}? [y/N] "
     answer = await asyncio.to_thread(input, question)
     return None if answer.strip().lower() in ("y", "yes") else "not confirmed at the terminal"
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    handler = {"list": list_command, "show": show_command, "replay": replay_command}[args.action]
-    return await handler(settings, args)
+    handlers = {"list": list_command, "show": show_command, "replay": replay_command}
+    return await handlers.get(args.action, act_command)(settings, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument(
         "--newer-than", type=parse_duration, metavar="AGE", help="last seen within AGE"
     )
-    lister.add_argument("--status", choices=("dead", "replayed", "all"), default="dead")
+    lister.add_argument("--status", choices=("dead", "closed", "replayed", "all"), default="dead")
     lister.add_argument("--limit", type=int, default=100)
     lister.add_argument("--json", action="store_true", help="machine-readable output")
     shower = actions.add_parser("show", help="everything known about one dead letter")
@@ -143,7 +178,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --all: replay without asking (needed when not run at a terminal)",
     )
     replayer.add_argument("--limit", type=int, default=1000, help="with --all: at most this many")
+    for action, what, text in ACTS:
+        _act_parser(actions, action, what, text)
     return parser
+
+
+ACTS = (
+    ("assign", "give dead letters an owner (audited)", "the owner"),
+    ("note", "set dead letters' note (audited)", "the note"),
+    ("close", "close without a replay, and park the hold (audited)", "why it will not be replayed"),
+    ("reopen", "reopen a closed dead letter, and unpark its hold (audited)", "why"),
+)
+
+
+def _act_parser(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser], action: str, what: str, text: str
+) -> None:
+    parser = actions.add_parser(action, help=what)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("id", nargs="?", help="record id or message id")
+    target.add_argument("--all", action="store_true", help="a whole group (filter below)")
+    parser.add_argument("--error-class", help="with --all: only this class")
+    parser.add_argument("--give-up", help="with --all: only this give-up reason")
+    parser.add_argument("--text", required=True, help=text)
+    parser.add_argument("--operator", help="who does it (required; audited)")
+    parser.add_argument("--yes", action="store_true", help="with --all: without asking")
+    parser.add_argument("--limit", type=int, default=1000, help="with --all: at most this many")
 
 
 def main() -> None:

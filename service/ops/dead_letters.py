@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from service.adapters import postgres
+from service.adapters.postgres import ownership
 from service.core.errors import UsageError
 from service.core.inputs import clean_text
 from service.settings import OPERATOR_LIMIT, Settings
@@ -26,9 +27,21 @@ from service.settings import OPERATOR_LIMIT, Settings
 log = logging.getLogger("service.deadletters")
 
 CELL_LIMIT = 1000
-LIST_COLUMNS = ("id", "last_seen", "error_class", "give_up", "attempts", "reservation_id", "status")
+LIST_COLUMNS = (
+    "id",
+    "last_seen",
+    "error_class",
+    "give_up",
+    "attempts",
+    "reservation_id",
+    "status",
+    "owner",
+)
 TRANSITION_COLUMNS = ("at", "from_status", "to_status", "attempt", "worker", "message_id")
 REPLAY_COLUMNS = ("at", "operator", "db_user", "os_user", "client_host", "outcome", "detail")
+EVENT_COLUMNS = ("at", "kind", "operator", "db_user", "os_user", "client_host", "detail")
+# Open: not replayed yet (a closed one may still be replayed or reopened).
+OPEN = ("dead", "closed")
 
 
 def cell(value: Any) -> str:
@@ -99,11 +112,13 @@ class Detail:
     record: dict[str, Any]
     transitions: list[dict[str, Any]] = field(default_factory=list)
     replays: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # assigned, noted, closed...
 
     def as_json(self) -> dict[str, Any]:
         """The machine form."""
         out = {**jsonable(self.record), "transitions": [jsonable(t) for t in self.transitions]}
         out["replays"] = [jsonable(r) for r in self.replays]
+        out["events"] = [jsonable(e) for e in self.events]
         return out
 
     def lines(self) -> list[str]:
@@ -116,6 +131,8 @@ class Detail:
         )
         lines += ["", "replays:"]
         lines.append(render_table(self.replays, REPLAY_COLUMNS) if self.replays else "  none")
+        lines += ["", "owner, notes, closing (audit):"]
+        lines.append(render_table(self.events, EVENT_COLUMNS) if self.events else "  none")
         return lines
 
 
@@ -132,6 +149,7 @@ async def read_detail(conn: postgres.Connection, key: str) -> Detail | None:
     else:
         state = None
     detail.replays = [dict(r) for r in await postgres.replays_of(conn, row["id"])]
+    detail.events = [dict(e) for e in await ownership.events_of(conn, row["id"])]
     detail.record["reservation_status"] = state[0] if state else None
     return detail
 
@@ -145,23 +163,25 @@ def not_found(key: str) -> str:
 
 
 async def select(
-    conn: postgres.Connection, key: str | None, *, error_class: str | None, limit: int
+    conn: postgres.Connection,
+    key: str | None,
+    *,
+    error_class: str | None,
+    limit: int,
+    give_up: str | None = None,
+    statuses: tuple[str, ...] = OPEN,
+    doing: str = "replay",
 ) -> list[asyncpg.Record]:
-    """Dead letter ``key`` (still dead), or with ``key`` None every open one (of a class)."""
+    """Dead letter ``key`` (in one of ``statuses``), or with ``key`` None every one in them
+    (of a class, of a give-up reason), newest first."""
     if key is None:
-        return await postgres.list_dead_letters(
-            conn,
-            status="dead",
-            error_class=error_class,
-            older_than=None,
-            newer_than=None,
-            limit=limit,
-        )
+        page = postgres.Page(statuses, error_class, give_up, size=limit)
+        return await postgres.list_page(conn, page)
     row = await postgres.get_dead_letter(conn, key)
     if row is None:
         raise UsageError(not_found(key))
-    if row["status"] != "dead":
-        raise UsageError(f"dead letter {key!r} is {row['status']} already; nothing to replay")
+    if row["status"] not in statuses:
+        raise UsageError(f"dead letter {key!r} is {row['status']}; nothing to {doing}")
     return [row]
 
 
@@ -187,7 +207,7 @@ def actor_named(operator: str | None) -> postgres.Actor:
     """Who replays: the ``--operator`` name, the OS user and this host."""
     name = clean_text((operator or "").strip(), OPERATOR_LIMIT)
     if not name:
-        raise UsageError("replay needs --operator NAME: every replay is audited with who did it")
+        raise UsageError("this needs --operator NAME: every act is audited with who did it")
     return postgres.Actor(name, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
 
 
@@ -198,12 +218,12 @@ def _os_user() -> str:
         return f"uid {os.getuid()}"
 
 
-def refusal(settings: Settings, actor: postgres.Actor) -> str | None:
-    """Why ``actor`` may not replay (``EXPIRY_REPLAY_OPERATORS``), or None."""
+def refusal(settings: Settings, actor: postgres.Actor, doing: str = "replay") -> str | None:
+    """Why ``actor`` may not replay, close or reopen (``EXPIRY_REPLAY_OPERATORS``), or None."""
     if not settings.replay_operators:
-        return "nobody may replay: EXPIRY_REPLAY_OPERATORS names no operator"
+        return f"nobody may {doing}: EXPIRY_REPLAY_OPERATORS names no operator"
     if actor.operator not in settings.replay_operators:
-        return f"{actor.operator!r} may not replay (not in EXPIRY_REPLAY_OPERATORS)"
+        return f"{actor.operator!r} may not {doing} (not in EXPIRY_REPLAY_OPERATORS)"
     return None
 
 
@@ -217,3 +237,73 @@ async def refuse(
         )
     log.warning("deadletter.replay_refused", extra={"operator": actor.operator, "reason": why})
     raise UsageError(why)
+
+
+# -- owner, note, close, reopen --------------------------------------------------------
+
+# Who may do what: assigning and noting need only a named operator (audited);
+# closing and reopening, like a replay, one of EXPIRY_REPLAY_OPERATORS.
+GUARDED = ("close", "reopen")
+TEXT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class ActResult:
+    """What one act did to one dead letter."""
+
+    record_id: int
+    message_id: str
+    outcome: str  # assigned, noted, closed, reopened, skipped
+
+    def line(self) -> str:
+        """One line of the report."""
+        return f"{self.outcome:9} #{self.record_id}  {cell(self.message_id)}"
+
+
+async def act(
+    conn: postgres.Connection,
+    settings: Settings,
+    actor: postgres.Actor,
+    rows: list[asyncpg.Record],
+    action: str,
+    text: str,
+) -> list[ActResult]:
+    """Assign (``text``: the owner), note, close or reopen (``text``: why) each row."""
+    if action in GUARDED and (why := refusal(settings, actor, action)) is not None:
+        log.warning("deadletter.act_refused", extra={"operator": actor.operator, "act": action})
+        raise UsageError(why)
+    text = clean_text(text.strip(), TEXT_LIMIT)
+    if not text:
+        raise UsageError(f"{action} needs a text (an owner, a note or a reason)")
+    results = []
+    for row in rows:
+        results.append(await _act_one(conn, row, action, text, actor))
+    log.info(
+        "deadletter.act",
+        extra={"operator": actor.operator, "act": action, "count": len(results)},
+    )
+    return results
+
+
+async def _act_one(
+    conn: postgres.Connection, row: asyncpg.Record, action: str, text: str, actor: postgres.Actor
+) -> ActResult:
+    done = {"assign": "assigned", "note": "noted", "close": "closed", "reopen": "reopened"}
+    if action == "assign":
+        await ownership.assign(conn, row["id"], text, actor)
+    elif action == "note":
+        await ownership.note(conn, row["id"], text, actor)
+    elif action == "close":
+        if not await ownership.close(conn, row["id"], text, actor):
+            return ActResult(row["id"], row["message_id"], "skipped")
+    elif not await ownership.reopen(conn, row["id"], text, actor):
+        return ActResult(row["id"], row["message_id"], "skipped")
+    return ActResult(row["id"], row["message_id"], done[action])
+
+
+def act_lines(results: list[ActResult], action: str) -> list[str]:
+    """One line per dead letter, then the counts."""
+    done = sum(r.outcome != "skipped" for r in results)
+    skipped = len(results) - done
+    tail = f", {skipped} skipped (not in a state to {action})" if skipped else ""
+    return [*(r.line() for r in results), f"{action}: {len(results)} selected, {done} done{tail}"]

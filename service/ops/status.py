@@ -19,6 +19,7 @@ from aio_pika.abc import AbstractConnection
 from service.adapters import postgres
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.metrics import Backlog
+from service.adapters.postgres import ownership
 from service.core.redaction import redact
 from service.core.topology import build_topology
 from service.settings import Settings
@@ -46,6 +47,7 @@ class Status:
     objective_seconds: float
     backlog: Backlog
     dead_letters_by_class: dict[str, int]
+    parked_holds: int = 0  # held, due or not, their dead letter closed: the scan leaves them
     queues: list[QueueState] = field(default_factory=list)
     broker_error: str | None = None
 
@@ -68,6 +70,7 @@ async def read_database(conn: postgres.Connection, settings: Settings) -> Status
         objective_seconds=settings.oldest_due_objective_seconds,
         backlog=await postgres.backlog(conn),
         dead_letters_by_class=await postgres.dead_letters_by_class(conn),
+        parked_holds=await ownership.parked_count(conn),
     )
 
 
@@ -106,6 +109,7 @@ def render(status: Status) -> str:
         f"oldest due hold   {backlog.oldest_due_age_seconds:9.1f}s   {verdict}",
         f"due backlog       {backlog.total:9d}    "
         + ", ".join(f"{bucket}: {count}" for bucket, count in backlog.by_bucket.items()),
+        f"parked holds      {status.parked_holds:9d}    (dead letters closed: not scanned)",
         "",
         f"{'queue':28} {'ready':>8} {'consumers':>10}",
     ]

@@ -229,3 +229,71 @@ async def test_only_a_named_operator_replays_and_every_refusal_is_audited(stack:
     shown = deadletters(stack, "show", "junk-1")
     assert "mallory" in shown.stdout
     assert "refused" in shown.stdout
+
+
+async def test_a_closed_dead_letter_parks_its_hold_until_it_is_reopened(stack: Stack) -> None:
+    """Closed without a replay: audited, its hold parked (the scan leaves it alone even
+    with its lease lapsed, status counts it apart, verify accepts it); assigned as a group;
+    reopened: unparked, published by the next scan, expired once. Only a replay operator
+    may close or reopen."""
+    rid = await _dead_letter_one_exhausted_and_one_poison(stack)
+    records = await _records(stack)
+    [exhausted] = [r for r in records.values() if r["reservation_id"] == rid]
+    record_id = str(exhausted["id"])
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("UPDATE publish_leases SET lease_until = now()")  # lapsed
+
+    refused = deadletters(stack, "close", record_id, "--text", "x", "--operator", "mallory")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "may not close" in refused.stderr
+    closed = deadletters(
+        stack, "close", record_id, "--text", "customer cancelled", "--operator", "bob"
+    )
+    assert closed.returncode == 0, closed.stdout + closed.stderr
+    assert "close: 1 selected, 1 done" in closed.stdout
+    async with pg_connection(stack.database_url) as conn:
+        status = await conn.fetchval(
+            "SELECT status FROM dead_letters WHERE id = $1", int(record_id)
+        )
+        parked = await conn.fetchval(
+            "SELECT count(*) FROM parked_holds WHERE reservation_id = $1", rid
+        )
+    assert (status, parked) == ("closed", 1)
+
+    await scan.scan_once(stack.settings)
+    assert await queue_depth(stack.amqp_url, "expirations") == 0  # parked: not published
+    screen = json.loads(run_module("service.status", "--json", env=stack.env()).stdout)
+    assert (screen["parked_holds"], screen["backlog"]["total"]) == (1, 0)
+    assert run_module("service.verify", env=stack.env()).returncode == 0
+
+    grouped = deadletters(
+        stack, "assign", "--all", "--error-class", "db.unavailable", "--text", "team-db",
+        "--operator", "alice", "--yes",
+    )  # fmt: skip
+    assert grouped.returncode == 0, grouped.stdout + grouped.stderr
+    reopened = deadletters(
+        stack, "reopen", record_id, "--text", "the customer came back", "--operator", "carol"
+    )
+    assert reopened.returncode == 0, reopened.stdout + reopened.stderr
+    await scan.scan_once(stack.settings)
+    assert await queue_depth(stack.amqp_url, "expirations") == 1  # unparked: published
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await eventually(lambda: _status_of(stack, rid, "expired"), timeout=30)
+    assert (await transitions_per_reservation(stack.database_url))[rid] == 1
+
+    shown = json.loads(deadletters(stack, "show", record_id, "--json").stdout)
+    assert shown["owner"] == "team-db"
+    events = [(e["kind"], e["operator"], e["detail"]) for e in shown["events"]]
+    assert events == [
+        ("closed", "bob", "customer cancelled"),
+        ("assigned", "alice", "team-db"),
+        ("reopened", "carol", "the customer came back"),
+    ]
+    assert all(e["db_user"] and e["at"] for e in shown["events"])
+
+
+async def _status_of(stack: Stack, rid: UUID, status: str) -> bool:
+    async with pg_connection(stack.database_url) as conn:
+        found = await conn.fetchval("SELECT status FROM reservations WHERE id = $1", rid)
+    return bool(found == status)

@@ -562,6 +562,7 @@ GRANTS = {
         "updated_at"
     ),
     (CONSUMER, "publish_leases", "SELECT"): "reservation_id last_published",
+    (CONSUMER, "parked_holds", "SELECT"): "reservation_id",
     (SCAN, "reservations", "SELECT"): EVERY_COLUMN,
     (SCAN, "reservations", "UPDATE"): "updated_at",
     (SCAN, "publish_leases", "SELECT"): EVERY_COLUMN,
@@ -569,11 +570,19 @@ GRANTS = {
     (SCAN, "publish_leases", "UPDATE"): (
         "message_id lease_until first_published last_published publish_count"
     ),
+    (SCAN, "parked_holds", "SELECT"): "reservation_id",
     (OPERATOR, "reservations", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "reservation_transitions", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "publish_leases", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letters", "SELECT"): EVERY_COLUMN,
-    (OPERATOR, "dead_letters", "UPDATE"): "status updated_at",
+    (OPERATOR, "dead_letters", "UPDATE"): "status updated_at owner note",
+    (OPERATOR, "dead_letter_events", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "dead_letter_events", "INSERT"): (
+        "dead_letter_id kind operator detail os_user client_host"
+    ),
+    (OPERATOR, "parked_holds", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "parked_holds", "INSERT"): EVERY_COLUMN,
+    (OPERATOR, "parked_holds", "DELETE"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "INSERT"): (
         "dead_letter_id message_id operator outcome detail os_user client_host"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -30,7 +31,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 
 DEAD_LETTER_COLUMNS = """
 id, message_id, reservation_id, hold_until, error_class, give_up, reason, attempts,
-first_seen, last_seen, worker, body_excerpt, status, times_dead, recorded_at, updated_at
+first_seen, last_seen, worker, body_excerpt, status, times_dead, owner, note, recorded_at,
+updated_at
 """
 
 
@@ -43,6 +45,33 @@ SELECT {DEAD_LETTER_COLUMNS}
    AND ($4::float8 IS NULL OR last_seen >= now() - make_interval(secs => $4))
  ORDER BY last_seen DESC, id DESC
  LIMIT $5
+"""
+
+
+# A page of the console's listing: newest first, after a (last_seen, id) cursor,
+# by status, error class, give-up reason and last-seen age (NULL: any).
+LIST_PAGE = f"""
+SELECT {DEAD_LETTER_COLUMNS}
+  FROM dead_letters
+ WHERE status = ANY($1::text[])
+   AND ($2::text IS NULL OR error_class = $2)
+   AND ($3::text IS NULL OR give_up = $3)
+   AND ($4::float8 IS NULL OR last_seen <= now() - make_interval(secs => $4))
+   AND ($5::float8 IS NULL OR last_seen >= now() - make_interval(secs => $5))
+   AND ($6::timestamptz IS NULL OR (last_seen, id) < ($6, $7))
+ ORDER BY last_seen DESC, id DESC
+ LIMIT $8
+"""
+
+
+# Dead letters by error class and give-up reason (and status), with their span.
+GROUPS = """
+SELECT error_class, give_up, status, count(*) AS n, min(first_seen) AS first_seen,
+       max(last_seen) AS last_seen, count(owner) AS owned
+  FROM dead_letters
+ WHERE status = ANY($1::text[])
+ GROUP BY 1, 2, 3
+ ORDER BY max(last_seen) DESC
 """
 
 
@@ -70,6 +99,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 
 
 MARK_REPLAYED = "UPDATE dead_letters SET status = 'replayed', updated_at = now() WHERE id = $1"
+# A replayed dead letter's hold is no longer parked: the scan may publish it again.
+UNPARK_REPLAYED = "DELETE FROM parked_holds WHERE dead_letter_id = $1"
 
 
 async def record_dead_letter(conn: Connection, record: DeadLetterRecord) -> None:
@@ -101,6 +132,42 @@ async def list_dead_letters(
 ) -> list[asyncpg.Record]:
     """Dead letters, newest first, filtered (``None`` means no filter)."""
     return await conn.fetch(LIST_DEAD_LETTERS, status, error_class, older_than, newer_than, limit)
+
+
+@dataclass(frozen=True)
+class Page:
+    """What a page of the listing shows (``None``: no filter)."""
+
+    statuses: tuple[str, ...] = ("dead",)
+    error_class: str | None = None
+    give_up: str | None = None
+    older_than: float | None = None
+    newer_than: float | None = None
+    after: tuple[datetime, int] | None = None  # the last row of the page before
+    size: int = 50
+
+
+async def list_page(conn: Connection, page: Page) -> list[asyncpg.Record]:
+    """One page of dead letters, newest first (keyset: fast whatever the page's depth)."""
+    after_seen, after_id = page.after if page.after else (None, None)
+    return await conn.fetch(
+        LIST_PAGE,
+        list(page.statuses),
+        page.error_class,
+        page.give_up,
+        page.older_than,
+        page.newer_than,
+        after_seen,
+        after_id,
+        page.size,
+    )
+
+
+async def dead_letter_groups(
+    conn: Connection, statuses: tuple[str, ...] = ("dead",)
+) -> list[asyncpg.Record]:
+    """Dead letters counted by error class, give-up reason and status."""
+    return await conn.fetch(GROUPS, list(statuses))
 
 
 async def get_dead_letter(conn: Connection, key: str) -> asyncpg.Record | None:
@@ -150,3 +217,4 @@ async def record_replay(
         )
         if outcome == "republished":
             await conn.execute(MARK_REPLAYED, dead_letter_id)
+            await conn.execute(UNPARK_REPLAYED, dead_letter_id)

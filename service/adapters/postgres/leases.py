@@ -15,9 +15,9 @@ EPOCH_START = datetime(1, 1, 1, tzinfo=UTC)
 NIL_UUID = UUID(int=0)
 
 
-# One keyset page of due, held reservations without a live lease, oldest
-# deadline first, locked (until the claim commits) so that an overlapping scan
-# skips them.
+# One keyset page of due, held reservations without a live lease and not parked
+# (a closed dead letter's hold), oldest deadline first, locked (until the claim
+# commits) so that an overlapping scan skips them.
 CLAIM_DUE = """
 SELECT r.id, r.hold_until
   FROM reservations r
@@ -26,6 +26,7 @@ SELECT r.id, r.hold_until
    AND (r.hold_until, r.id) > ($2, $3)
    AND NOT EXISTS (SELECT 1 FROM publish_leases l
                     WHERE l.reservation_id = r.id AND l.lease_until > now())
+   AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.reservation_id = r.id)
  ORDER BY r.hold_until, r.id
  LIMIT $4
    FOR NO KEY UPDATE OF r SKIP LOCKED

@@ -137,12 +137,14 @@ def _batch_row(row: asyncpg.Record) -> BatchRow:
     )
 
 
-# Due held reservations by deadline age (width_bucket over the bounds in $1).
+# Due held reservations by deadline age (width_bucket over the bounds in $1); a
+# parked hold (its dead letter closed by an operator) waits on purpose: not counted.
 BACKLOG = """
 SELECT width_bucket(extract(epoch FROM now() - hold_until)::float8, $1::float8[]) AS bucket,
        count(*) AS n, max(extract(epoch FROM now() - hold_until))::float8 AS oldest
-  FROM reservations
+  FROM reservations r
  WHERE status = 'held' AND hold_until <= now()
+   AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.reservation_id = r.id)
  GROUP BY 1
 """
 

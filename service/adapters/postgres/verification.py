@@ -49,6 +49,7 @@ VERIFY_CHECKS: dict[str, str] = {
           FROM reservations r LEFT JOIN publish_leases l ON l.reservation_id = r.id
          WHERE r.status = 'held' AND r.hold_until <= now() - make_interval(secs => $2)
            AND (l.lease_until IS NULL OR l.lease_until <= now())
+           AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.reservation_id = r.id)
          LIMIT $1
     """,
 }
