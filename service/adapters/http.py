@@ -318,7 +318,7 @@ class HealthServer:
             async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
                 request = await _read_request(reader)
         except TimeoutError:
-            await _send(writer, _response(408, b"request timeout\n"))
+            await _send(writer, _response(408, b"request timeout\n"), linger=reader)
             return
         if request is None:
             return

@@ -119,20 +119,31 @@ def test_a_detail_shows_its_fields_its_trail_and_its_replays() -> None:
         "message_id  m?[2J",
         "last_seen   2026-01-01T00:00:00+00:00",
     ]
-    assert lines[3:] == ["", "transitions (audit trail):", "  none", "", "replays:", "  none"]
+    assert lines[3:] == [
+        "",
+        "transitions (audit trail):",
+        "  none",
+        "",
+        "replays:",
+        "  none",
+        "",
+        "owner, notes, closing (audit):",
+        "  none",
+    ]
     assert detail.as_json() == {
         "id": "7",
         "message_id": "m?[2J",
         "last_seen": "2026-01-01T00:00:00+00:00",
         "transitions": [],
         "replays": [],
+        "events": [],
     }
 
 
 @pytest.mark.parametrize("operator", [None, "", "   "])
 def test_a_replay_needs_a_named_operator(operator: str | None) -> None:
     """No --operator (or only blanks): refused before anything is opened."""
-    with pytest.raises(UsageError, match="replay needs --operator NAME"):
+    with pytest.raises(UsageError, match="needs --operator NAME"):
         dead_letters.actor_named(operator)
 
 
