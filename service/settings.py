@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    SecretStr,
     ValidationError,
     field_validator,
 )
@@ -113,6 +114,16 @@ class Settings(BaseSettings):
     )
     # Who may replay dead letters (--operator must be one of them); empty: nobody.
     replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
+    # The operator console (python -m service.console): where it listens (localhost
+    # unless told otherwise), who may log in (name:scrypt-hash pairs, made with
+    # `python -m service.console hash-password`), or the header a trusted reverse
+    # proxy sets to the authenticated operator's name, and the key that signs its
+    # session cookies (random per process when unset: sessions end at a restart).
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8090, ge=1, le=65535)
+    console_users: Annotated[tuple[str, ...], NoDecode] = ()
+    console_trusted_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    console_secret: SecretStr | None = Field(default=None, min_length=32)
     # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
@@ -161,6 +172,26 @@ class Settings(BaseSettings):
     def _split_operators(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("console_users", mode="before")
+    @classmethod
+    def _split_users(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("console_users")
+    @classmethod
+    def _check_users(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            name, _, hashed = entry.partition(":")
+            if not name or len(name) > OPERATOR_LIMIT or not name.isprintable():
+                raise ValueError("each entry is NAME:HASH, the name printable, at most 64 long")
+            if not hashed.startswith("scrypt$"):
+                raise ValueError(
+                    f"{name}: not a password hash (python -m service.console hash-password)"
+                )
         return value
 
     @field_validator("replay_operators")

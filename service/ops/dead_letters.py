@@ -13,6 +13,7 @@ import getpass
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +186,7 @@ async def select(
     return [row]
 
 
-async def expectation(conn: postgres.Connection, row: asyncpg.Record) -> str:
+async def expectation(conn: postgres.Connection, row: asyncpg.Record | Mapping[str, Any]) -> str:
     """What replaying this dead letter will do, from the reservation's state now."""
     if row["reservation_id"] is None:
         return "the body is unusable: it will be dead-lettered again"

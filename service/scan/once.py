@@ -93,6 +93,7 @@ async def scan_once(
         prepared = _prepare(settings, connection, opened, check=check)
         conn, exchange = await _unless_stopped(stop, prepared)
         await scan_pass(conn, exchange, settings, stop=stop, result=result)
+        await _record_pass(conn, settings, result)
         if gauges is not None:
             await _read_gauges(conn, gauges)
     if result.stopped:
@@ -103,6 +104,21 @@ async def scan_once(
             f"({result.published} confirmed); the next scan publishes them again"
         )
     return result
+
+
+async def _record_pass(conn: postgres.Connection, settings: Settings, result: ScanResult) -> None:
+    """How the pass went, for the console (its last pass per scanner); a failure is logged."""
+    outcome = "stopped" if result.stopped else ("unconfirmed" if result.failed else "ok")
+    try:
+        await postgres.record_pass(
+            conn,
+            settings.worker_id,
+            result=outcome,
+            published=result.published,
+            unconfirmed=result.failed,
+        )
+    except Exception as exc:
+        log.warning("scan.record_failed", extra={"error_class": classify(exc)[1]})
 
 
 async def _read_gauges(conn: postgres.Connection, gauges: Gauges) -> None:

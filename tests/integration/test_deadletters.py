@@ -10,13 +10,11 @@ import aio_pika
 import pytest
 
 from service import scan
-from tests.proxy import tcp_proxy
+from tests.seeding import seed_dead_letters
 from tests.support import (
     Stack,
     eventually,
-    insert_holds,
     pg_connection,
-    publish_raw,
     queue_depth,
     run_module,
     running_consumer,
@@ -50,25 +48,7 @@ async def _record_count_is(stack: Stack, count: int) -> bool:
 
 async def _dead_letter_one_exhausted_and_one_poison(stack: Stack) -> UUID:
     """A hold whose retries run out while the database is away, and a poison body."""
-    [rid] = await insert_holds(stack.database_url, 1)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(
-            update={
-                "database_url": proxy.url(stack.database_url),
-                "max_attempts": 2,
-                "retry_delays": (1,),
-            }
-        )
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
-            await publish_raw(
-                stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk-1"]
-            )
-            await eventually(lambda: _depth_is(stack, "expirations.dead", 2), timeout=30)
-            proxy.restore()  # the recorder can write the records now
-            await eventually(lambda: _record_count_is(stack, 2), timeout=60)
+    [rid] = await seed_dead_letters(stack)
     return rid
 
 

@@ -571,6 +571,9 @@ GRANTS = {
         "message_id lease_until first_published last_published publish_count"
     ),
     (SCAN, "parked_holds", "SELECT"): "reservation_id",
+    (SCAN, "scan_passes", "SELECT"): EVERY_COLUMN,
+    (SCAN, "scan_passes", "INSERT"): EVERY_COLUMN,
+    (SCAN, "scan_passes", "UPDATE"): "finished_at result published unconfirmed",
     (OPERATOR, "reservations", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "reservation_transitions", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "publish_leases", "SELECT"): EVERY_COLUMN,
@@ -583,6 +586,7 @@ GRANTS = {
     (OPERATOR, "parked_holds", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "parked_holds", "INSERT"): EVERY_COLUMN,
     (OPERATOR, "parked_holds", "DELETE"): EVERY_COLUMN,
+    (OPERATOR, "scan_passes", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "INSERT"): (
         "dead_letter_id message_id operator outcome detail os_user client_host"

@@ -42,7 +42,9 @@ from service.adapters.postgres.leases import (
     DueHold,
     claim_due,
     claim_leases,
+    last_passes,
     record_leases,
+    record_pass,
     release_claims,
 )
 from service.adapters.postgres.pool import (
@@ -132,6 +134,7 @@ __all__ = [
     "expire_batch",
     "expire_reservation",
     "get_dead_letter",
+    "last_passes",
     "list_dead_letters",
     "list_page",
     "mark_handling",
@@ -139,6 +142,7 @@ __all__ = [
     "prepare_verification",
     "record_dead_letter",
     "record_leases",
+    "record_pass",
     "record_replay",
     "release_claims",
     "replays_of",

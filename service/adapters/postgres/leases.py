@@ -107,3 +107,27 @@ async def record_leases(conn: Connection, ids: Sequence[UUID], *, lease_seconds:
 async def release_claims(conn: Connection, ids: Sequence[UUID]) -> None:
     """These were not confirmed: the next scan may publish them again."""
     await conn.execute(RELEASE_CLAIMS, list(ids))
+
+
+RECORD_PASS = """
+INSERT INTO scan_passes (scanner, result, published, unconfirmed) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (scanner) DO UPDATE
+   SET finished_at = now(), result = EXCLUDED.result, published = EXCLUDED.published,
+       unconfirmed = EXCLUDED.unconfirmed
+"""
+LAST_PASSES = """
+SELECT scanner, finished_at, result, published, unconfirmed
+  FROM scan_passes ORDER BY finished_at DESC LIMIT $1
+"""
+
+
+async def record_pass(
+    conn: Connection, scanner: str, *, result: str, published: int, unconfirmed: int
+) -> None:
+    """Remember how this scanner's last pass went (one row per scanner)."""
+    await conn.execute(RECORD_PASS, scanner, result, published, unconfirmed)
+
+
+async def last_passes(conn: Connection, limit: int = 5) -> list[dict[str, object]]:
+    """The scanners' last passes, the newest first."""
+    return [dict(row) for row in await conn.fetch(LAST_PASSES, limit)]

@@ -57,3 +57,15 @@ GRANT INSERT, DELETE ON parked_holds TO expiry_operator;
 GRANT SELECT (reservation_id) ON parked_holds TO expiry_scan;
 -- expiry_consumer: the backlog gauges count parked holds apart.
 GRANT SELECT (reservation_id) ON parked_holds TO expiry_consumer;
+
+-- The last pass of each scanner, for the console's overview: when, and how it went.
+CREATE TABLE IF NOT EXISTS scan_passes (
+    scanner      text PRIMARY KEY,
+    finished_at  timestamptz NOT NULL DEFAULT now(),
+    result       text NOT NULL,   -- ok, unconfirmed, stopped
+    published    integer NOT NULL,
+    unconfirmed  integer NOT NULL
+);
+GRANT SELECT, INSERT ON scan_passes TO expiry_scan;
+GRANT UPDATE (finished_at, result, published, unconfirmed) ON scan_passes TO expiry_scan;
+GRANT SELECT ON scan_passes TO expiry_operator;

@@ -1,0 +1,13 @@
+"""``python -m service.console``: the operator console, in a browser.
+
+What is stuck, why, and what happens if I replay it: the overview (the oldest
+due hold against the objective, the backlog, parked holds, queues and
+consumers, open dead letters by class, the scanners' last passes), dead
+letters by group and page by page, one dead letter whole (its record, the
+hold's audit trail, its replays, who owns it and what was said), and the acts
+(assign, note, close, reopen, replay with a dry run first), each audited.
+
+Modules: ``auth`` (passwords, the trusted header, CSRF), ``pages`` (what the
+pages read), ``app`` (the routes, the session, the security headers), and the
+templates.
+"""

@@ -1,0 +1,143 @@
+"""What the console's pages read: the overview, a page of dead letters with their groups,
+one dead letter whole. The operations behind them are ``service/ops``', the same code
+as the command line's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from aio_pika.abc import AbstractRobustConnection
+
+from service.adapters import postgres
+from service.ops import dead_letters
+from service.ops import status as ops_status
+from service.settings import Settings
+
+PAGE_SIZE = 50
+STATUSES = ("dead", "closed", "replayed")
+# The ages a listing filters by: label -> seconds since last seen.
+AGES = {"1h": 3600.0, "1d": 86400.0, "7d": 7 * 86400.0}
+
+
+@dataclass
+class Overview:
+    """The first page: is anything stuck, and where."""
+
+    status: ops_status.Status
+    passes: list[dict[str, Any]]
+
+
+async def read_overview(
+    conn: postgres.Connection, settings: Settings, broker: AbstractRobustConnection | None
+) -> Overview:
+    """The status screen's figures (queues when the broker answers) and the last passes."""
+    status = await ops_status.read_database(conn, settings)
+    if broker is None:
+        status.broker_error = "no connection to RabbitMQ"
+    else:
+        try:
+            status.queues = await ops_status.read_queues(broker, settings.retry_delays)
+        except ops_status.BROKER_ERRORS as exc:
+            status.broker_error = ops_status.describe(exc)
+    return Overview(status, await postgres.last_passes(conn))
+
+
+@dataclass(frozen=True)
+class Query:
+    """A listing's filters, as the page's query string carries them (all untrusted)."""
+
+    status: str = "dead"
+    error_class: str | None = None
+    give_up: str | None = None
+    older_than: str | None = None  # one of AGES
+    newer_than: str | None = None
+    after: tuple[datetime, int] | None = None
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> Query:
+        """The filters of a query string; anything unknown is dropped, never an error."""
+        status = params.get("status", "dead")
+        return cls(
+            status=status if status in (*STATUSES, "open", "all") else "dead",
+            error_class=_short(params.get("error_class")),
+            give_up=_short(params.get("give_up")),
+            older_than=params.get("older_than") if params.get("older_than") in AGES else None,
+            newer_than=params.get("newer_than") if params.get("newer_than") in AGES else None,
+            after=_cursor(params.get("after")),
+        )
+
+    @property
+    def statuses(self) -> tuple[str, ...]:
+        if self.status == "open":
+            return dead_letters.OPEN
+        return STATUSES if self.status == "all" else (self.status,)
+
+    def page(self) -> postgres.Page:
+        """The data layer's page."""
+        return postgres.Page(
+            self.statuses,
+            self.error_class,
+            self.give_up,
+            AGES.get(self.older_than or ""),
+            AGES.get(self.newer_than or ""),
+            self.after,
+            PAGE_SIZE,
+        )
+
+    def params(self, **changes: str | None) -> dict[str, str]:
+        """The query string of this listing with ``changes`` (None removes a filter)."""
+        values: dict[str, str | None] = {
+            "status": self.status,
+            "error_class": self.error_class,
+            "give_up": self.give_up,
+            "older_than": self.older_than,
+            "newer_than": self.newer_than,
+        }
+        values.update(changes)
+        return {key: value for key, value in values.items() if value}
+
+
+def _short(value: str | None) -> str | None:
+    return value[:100] if value else None
+
+
+def _cursor(value: str | None) -> tuple[datetime, int] | None:
+    if not value or "," not in value:
+        return None
+    when, _, number = value.rpartition(",")
+    try:
+        return datetime.fromisoformat(when), int(number)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Listing:
+    """A page of dead letters, their groups, and where the next page starts."""
+
+    query: Query
+    groups: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    next_after: str | None = None
+
+
+async def read_listing(conn: postgres.Connection, query: Query) -> Listing:
+    """The groups (by error class, give-up reason and status) and one page, newest first."""
+    groups = [dict(row) for row in await postgres.dead_letter_groups(conn, query.statuses)]
+    rows = [dict(row) for row in await postgres.list_page(conn, query.page())]
+    listing = Listing(query, groups, rows)
+    if len(rows) == PAGE_SIZE:
+        last = rows[-1]
+        listing.next_after = f"{last['last_seen'].isoformat()},{last['id']}"
+    return listing
+
+
+@dataclass
+class Plan:
+    """What a replay will do to each selected dead letter (the dry run)."""
+
+    rows: list[Any]
+    expectations: dict[int, str]
+    lines: list[str] = field(default_factory=list)

@@ -1,0 +1,103 @@
+"""The console over HTTP: nobody in unauthenticated, no state change without the session's
+CSRF token, only authorised operators replay or close, and the pages' contents."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.acceptance.console_support import csrf_of, log_in, running_console
+from tests.seeding import seed_dead_letters
+from tests.support import Stack, pg_connection
+
+pytestmark = pytest.mark.acceptance
+
+
+async def test_nobody_reaches_the_console_unauthenticated_or_without_the_csrf_token(
+    stack: Stack,
+) -> None:
+    """Pages redirect to the login; a POST without a session is 401; a wrong password is
+    401; a POST without (or with another session's) CSRF token is 403 and changes nothing;
+    every answer carries the security headers."""
+    await seed_dead_letters(stack)
+    async with pg_connection(stack.database_url) as conn:
+        record_id = await conn.fetchval("SELECT min(id) FROM dead_letters")
+    async with running_console(stack) as console, console.client() as anonymous:
+        for path in ("/", "/dead-letters", f"/dead-letters/{record_id}"):
+            answer = await anonymous.get(path)
+            assert (answer.status_code, answer.headers["location"]) == (303, "/login")
+        act = {"action": "note", "key": str(record_id), "text": "x"}
+        assert (await anonymous.post("/act", data=act)).status_code == 401
+        token = await csrf_of(anonymous, "/login")
+        wrong = await anonymous.post(
+            "/login", data={"csrf": token, "name": "alice", "password": "nope"}
+        )
+        assert wrong.status_code == 401
+        headers = wrong.headers
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY"
+
+        async with console.client() as alice, console.client() as other:
+            await log_in(alice, "alice")
+            await log_in(other, "bob")
+            assert (await alice.post("/act", data=act)).status_code == 403
+            stolen = await csrf_of(other, "/dead-letters")
+            forged = await alice.post("/act", data={**act, "csrf": stolen})
+            assert forged.status_code == 403
+            async with pg_connection(stack.database_url) as conn:
+                assert await conn.fetchval("SELECT count(*) FROM dead_letter_events") == 0
+            mine = await csrf_of(alice, "/dead-letters")
+            noted = await alice.post("/act", data={**act, "csrf": mine})
+            assert noted.status_code == 200, noted.text
+            assert "note: 1 selected, 1 done" in noted.text
+
+
+async def test_only_authorised_operators_replay_or_close_and_every_act_is_audited(
+    stack: Stack,
+) -> None:
+    """eve may look and assign but not close or replay (refused, the replay refusal
+    audited); alice closes (the hold parked, shown on the overview) and reopens; the pages
+    show the record, the trail and the events, never the message body."""
+    [rid] = await seed_dead_letters(stack)
+    async with pg_connection(stack.database_url) as conn:
+        record_id = await conn.fetchval(
+            "SELECT id FROM dead_letters WHERE reservation_id = $1", rid
+        )
+    async with running_console(stack) as console:
+        async with console.client() as eve:
+            await log_in(eve, "eve")
+            token = await csrf_of(eve, f"/dead-letters/{record_id}")
+            base = {"csrf": token, "key": str(record_id)}
+            assigned = await eve.post("/act", data={**base, "action": "assign", "text": "eve"})
+            assert assigned.status_code == 200, assigned.text
+            closed = await eve.post("/act", data={**base, "action": "close", "text": "no"})
+            assert closed.status_code == 403
+            assert "may not close" in closed.text
+            refused = await eve.post("/replay", data={**base, "step": "confirm"})
+            assert refused.status_code == 403
+        async with console.client() as alice:
+            await log_in(alice, "alice")
+            token = await csrf_of(alice, f"/dead-letters/{record_id}")
+            base = {"csrf": token, "key": str(record_id)}
+            plan = await alice.post("/replay", data=base)
+            assert plan.status_code == 200
+            assert "the hold is held and due: it will expire" in plan.text
+            closed = await alice.post(
+                "/act", data={**base, "action": "close", "text": "customer cancelled"}
+            )
+            assert "close: 1 selected, 1 done" in closed.text
+            overview = await alice.get("/")
+            assert '<strong id="parked">1</strong>' in overview.text
+            shown = await alice.get(f"/dead-letters/{record_id}")
+            for fact in ("closed", "customer cancelled", "assigned", "db.unavailable"):
+                assert fact in shown.text, fact
+            poison = await alice.get("/dead-letters/junk-1")
+            assert "html" not in poison.text.split("body_excerpt")[1][:200]
+    async with pg_connection(stack.database_url) as conn:
+        replays = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
+        events = await conn.fetch("SELECT kind, operator, client_host FROM dead_letter_events")
+    assert [(r["operator"], r["outcome"]) for r in replays] == [("eve", "refused")]
+    assert [(e["kind"], e["operator"]) for e in events] == [
+        ("assigned", "eve"),
+        ("closed", "alice"),
+    ]
+    assert all(e["client_host"] == "127.0.0.1" for e in events)

@@ -1,0 +1,149 @@
+"""The console in a real browser: Debian's Chromium, driven by Selenium through Debian's
+chromium-driver (no browser is downloaded).
+
+Real dead letters are made by the real service (holds whose retries run out while the
+database is away, and poison); an operator logs in, reads the overview, finds the
+dead letters by group, opens one, dry-runs and replays the group, and the database shows
+each hold expired once and the audit naming the operator. Screenshots of the overview
+and of the dead-letter pages are saved where pytest keeps the test's files
+(``tmp_path``) and, with ``CONSOLE_SCREENSHOTS=DIR``, into DIR as well. Skips where
+Chromium or its driver is missing, except under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.acceptance.console_support import PASSWORDS, running_console
+from tests.seeding import seed_dead_letters
+from tests.support import (
+    Stack,
+    missing,
+    pg_connection,
+    running_consumer,
+    transitions_per_reservation,
+    wait_for_consumers,
+)
+
+pytestmark = pytest.mark.acceptance
+
+CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    """A headless Chromium with a fresh profile, quit afterwards."""
+    binary, driver = CHROMIUM
+    if not (shutil.which(binary) and shutil.which(driver)):
+        missing("Debian's chromium and chromium-driver are not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(flag)
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    chrome.set_page_load_timeout(30)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+def screenshot(browser: WebDriver, tmp_path: Path, name: str) -> Path:
+    """Save the page as ``name``.png (and into CONSOLE_SCREENSHOTS when it is set)."""
+    path = tmp_path / f"{name}.png"
+    browser.save_screenshot(str(path))
+    if extra := os.environ.get("CONSOLE_SCREENSHOTS"):
+        Path(extra).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(extra) / path.name)
+    return path
+
+
+def text_of(browser: WebDriver, element_id: str) -> str:
+    """The visible text of the element with this id."""
+    return str(browser.find_element(By.ID, element_id).text)
+
+
+async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
+    stack: Stack, browser: WebDriver, tmp_path: Path
+) -> None:
+    """Log in, the overview, the groups, one dead letter, a group's dry run and replay;
+    then each hold expired once and every replay row names alice."""
+    holds = await seed_dead_letters(stack, exhausted=3, poison=2)
+    async with running_console(stack) as console:
+        go = browser.get
+        await asyncio.to_thread(go, f"{console.base}/")
+        assert browser.current_url.endswith("/login")
+        browser.find_element(By.ID, "name").send_keys("alice")
+        browser.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
+        await asyncio.to_thread(browser.find_element(By.ID, "login").click)
+        assert "Is anything stuck?" in browser.page_source
+        dead = text_of(browser, "dead-by-class")
+        assert "db.unavailable" in dead
+        assert "poison.not-json" in dead
+        screenshot(browser, tmp_path, "overview")
+
+        await asyncio.to_thread(go, f"{console.base}/dead-letters")
+        groups = text_of(browser, "groups")
+        assert "db.unavailable attempts-exhausted dead 3" in groups
+        assert "poison.not-json permanent dead 2" in groups
+        screenshot(browser, tmp_path, "dead-letters")
+        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "dead-letter").click)
+        assert browser.find_element(By.ID, "field-status").text == "dead"
+        screenshot(browser, tmp_path, "dead-letter")
+
+        await asyncio.to_thread(go, f"{console.base}/dead-letters?error_class=db.unavailable")
+        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "replay-group").click)
+        plan = text_of(browser, "plan")
+        assert plan.count("the hold is held and due: it will expire") == 3
+        assert "replay (dry run): 3 selected, 3 would-republish" in plan
+        screenshot(browser, tmp_path, "replay-plan")
+        async with running_consumer(stack.settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            await asyncio.to_thread(browser.find_element(By.ID, "confirm").click)
+            assert "replay: 3 selected, 3 republished" in text_of(browser, "result")
+            await _all_expired(stack, holds)
+        screenshot(browser, tmp_path, "replayed")
+
+    per_hold = await transitions_per_reservation(stack.database_url)
+    assert [per_hold.get(rid) for rid in holds] == [1, 1, 1]
+    async with pg_connection(stack.database_url) as conn:
+        replays = await conn.fetch("SELECT operator, outcome, os_user FROM dead_letter_replays")
+        open_poison = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE status = 'dead'")
+    assert [(r["operator"], r["outcome"]) for r in replays] == [("alice", "republished")] * 3
+    assert open_poison == 2  # the poison group was not replayed
+
+
+async def _all_expired(stack: Stack, holds: list[UUID]) -> None:
+    async with asyncio.timeout(60):
+        while True:
+            async with pg_connection(stack.database_url) as conn:
+                held = await conn.fetchval(
+                    "SELECT count(*) FROM reservations WHERE id = ANY($1::uuid[])"
+                    " AND status <> 'expired'",
+                    holds,
+                )
+            if held == 0:
+                return
+            await asyncio.sleep(0.2)

@@ -1,0 +1,58 @@
+"""Real dead letters, made by the real service: holds whose retries run out while the
+database is away, and poison bodies (shared by the dead-letter and console tests)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from service import scan
+from tests.proxy import tcp_proxy
+from tests.support import (
+    Stack,
+    eventually,
+    insert_holds,
+    pg_connection,
+    publish_raw,
+    queue_depth,
+    running_consumer,
+    wait_for_consumers,
+)
+
+
+async def seed_dead_letters(stack: Stack, *, exhausted: int = 1, poison: int = 1) -> list[UUID]:
+    """``exhausted`` holds dead-lettered as ``db.unavailable`` / ``attempts-exhausted`` (the
+    consumer's database cut, two attempts) and ``poison`` bodies (``junk-1``, ...), each
+    recorded; returns the exhausted holds."""
+    ids = await insert_holds(stack.database_url, exhausted)
+    async with tcp_proxy(stack.database_url, 5432) as proxy:
+        settings = stack.settings.model_copy(
+            update={
+                "database_url": proxy.url(stack.database_url),
+                "max_attempts": 2,
+                "retry_delays": (1,),
+            }
+        )
+        async with running_consumer(settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            proxy.cut()
+            await scan.scan_once(stack.settings)
+            await publish_raw(
+                stack.amqp_url,
+                [b"<html>not a command</html>"] * poison,
+                message_ids=[f"junk-{n}" for n in range(1, poison + 1)],
+            )
+            total = exhausted + poison
+
+            async def all_dead() -> bool:
+                return await queue_depth(stack.amqp_url, "expirations.dead") == total
+
+            await eventually(all_dead, timeout=60)
+            proxy.restore()  # the recorder can write the records now
+
+            async def all_recorded() -> bool:
+                async with pg_connection(stack.database_url) as conn:
+                    count: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
+                return count == total
+
+            await eventually(all_recorded, timeout=60)
+    return ids
