@@ -89,7 +89,8 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
     stack: Stack, browser: WebDriver, tmp_path: Path
 ) -> None:
     """Log in, the overview, the groups, one dead letter, a group's dry run and replay;
-    then each hold expired once and every replay row names alice."""
+    then each hold expired once and every replay row names alice. Unauthenticated, the
+    browser is sent to the login; a form without its CSRF token is refused."""
     holds = await seed_dead_letters(stack, exhausted=3, poison=2)
     async with running_console(stack) as console:
         go = browser.get
@@ -111,7 +112,19 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
         screenshot(browser, tmp_path, "dead-letters")
         await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "dead-letter").click)
         assert browser.find_element(By.ID, "field-status").text == "dead"
+        assert "it will expire" in text_of(browser, "expectation")
         screenshot(browser, tmp_path, "dead-letter")
+        # A form without its CSRF token (the browser's own request, the token removed) is
+        # refused, and changes nothing.
+        detail_url = browser.current_url
+        browser.execute_script(
+            "document.querySelectorAll('input[name=csrf]').forEach(e => e.remove())"
+        )
+        browser.find_element(By.ID, "note-text").send_keys("no token")
+        await asyncio.to_thread(browser.find_element(By.ID, "note").click)
+        assert "the form expired" in text_of(browser, "refused")
+        await asyncio.to_thread(go, detail_url)
+        assert "no token" not in text_of(browser, "events")
 
         await asyncio.to_thread(go, f"{console.base}/dead-letters?error_class=db.unavailable")
         await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "replay-group").click)
