@@ -91,8 +91,57 @@ def rabbitmq_scripts() -> Path:
     return folder
 
 
+class NodeBasics:
+    """What every node of the tests does the same way, given its ``ctl``, ``amqp_port``
+    and ``management_port``."""
+
+    @property
+    def amqp_port(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def management_port(self) -> int:
+        raise NotImplementedError
+
+    def ctl(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        raise NotImplementedError
+
+    def stop_app(self) -> None:
+        """Stop the RabbitMQ application (the Erlang node keeps running)."""
+        self.ctl("stop_app")
+
+    def start_app(self) -> None:
+        """Start the RabbitMQ application again and wait until it serves."""
+        self.ctl("start_app")
+        self.ctl("await_startup", "--timeout", "60")
+
+    def amqp_url(self, vhost: str = "/", port: int | None = None) -> str:
+        """The AMQP URL of ``vhost`` on this node (through ``port`` if given)."""
+        return f"amqp://guest:guest@127.0.0.1:{port or self.amqp_port}/{quote(vhost, safe='')}"
+
+    @property
+    def management_url(self) -> str:
+        """The management API's base URL."""
+        return f"http://127.0.0.1:{self.management_port}"
+
+    def await_management(self, deadline: float) -> None:
+        """Wait until the node's management API answers."""
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                response = httpx.get(
+                    f"{self.management_url}/api/overview", auth=("guest", "guest"), timeout=5
+                )
+                if response.status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(f"the management API at {self.management_url} is silent")
+            time.sleep(0.5)
+
+
 @dataclass
-class RabbitNode:
+class RabbitNode(NodeBasics):
     """One private node, on the ports from ``first_port`` on."""
 
     home: Path
@@ -200,19 +249,6 @@ class RabbitNode:
         source = log if log.exists() else self.home / "server.out"
         return source.read_text(errors="replace")[-size:] if source.exists() else "(no log)"
 
-    def await_management(self, deadline: float) -> None:
-        """Wait until the node's management API answers."""
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                response = httpx.get(
-                    f"{self.management_url}/api/overview", auth=("guest", "guest"), timeout=5
-                )
-                if response.status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(f"the management API of {self.name} did not answer")
-            time.sleep(0.5)
-
     def ctl(
         self, *args: str, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
@@ -225,15 +261,6 @@ class RabbitNode:
         if check:
             checked(result, f"rabbitmqctl -n {self.name} {' '.join(args)}")
         return result
-
-    def stop_app(self) -> None:
-        """Stop the RabbitMQ application (the Erlang node keeps running)."""
-        self.ctl("stop_app")
-
-    def start_app(self) -> None:
-        """Start the RabbitMQ application again and wait until it serves."""
-        self.ctl("start_app")
-        self.ctl("await_startup", "--timeout", "60")
 
     def kill(self) -> None:
         """SIGKILL the node's whole session: the Erlang VM dies without a goodbye."""
@@ -251,15 +278,6 @@ class RabbitNode:
                     self.ctl("stop", check=False, timeout=60)
             self.kill()
         shutil.rmtree(self.home, ignore_errors=True)
-
-    def amqp_url(self, vhost: str = "/", port: int | None = None) -> str:
-        """The AMQP URL of ``vhost`` on this node (through ``port`` if given)."""
-        return f"amqp://guest:guest@127.0.0.1:{port or self.amqp_port}/{quote(vhost, safe='')}"
-
-    @property
-    def management_url(self) -> str:
-        """The management API's base URL."""
-        return f"http://127.0.0.1:{self.management_port}"
 
 
 def management_url_beside(amqp_url: str) -> str:
@@ -296,15 +314,23 @@ RABBITMQ4_SCRIPT = Path(__file__).resolve().parents[1].parent / "shared" / "tool
 
 
 @dataclass
-class Rabbitmq4Node:
+class Rabbitmq4Node(NodeBasics):
     """The RabbitMQ 4.x node of ``../shared/tools/rabbitmq4.sh`` (``rmq4@localhost``: AMQP
     5673, management 15673), for the fault suite's leg on 4.x. The script owns the node:
     it is started if down, its app stopped and started for the scenarios, and left
     running at the end."""
 
     script: Path = RABBITMQ4_SCRIPT
-    amqp_port: int = 5673
-    management_port: int = 15673
+
+    @property
+    def amqp_port(self) -> int:
+        """The node's AMQP port (rabbitmq4.sh's)."""
+        return 5673
+
+    @property
+    def management_port(self) -> int:
+        """Its management API's port."""
+        return 15673
 
     def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run(["bash", str(self.script), *args], timeout=timeout)
@@ -315,17 +341,7 @@ class Rabbitmq4Node:
             raise ServerUnavailable(f"{self.script} is missing")
         if self._run("status").returncode != 0:
             checked(self._run("start", timeout=180), f"{self.script} start")
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                answer = httpx.get(
-                    f"{self.management_url}/api/overview", auth=("guest", "guest"), timeout=5
-                )
-                if answer.status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ServerUnavailable("the RabbitMQ 4 node's management API did not answer")
-            time.sleep(0.5)
+        self.await_management(time.monotonic() + STARTUP_SECONDS)
 
     def ctl(
         self, *args: str, check: bool = True, timeout: float = 120
@@ -336,25 +352,7 @@ class Rabbitmq4Node:
             checked(result, f"rabbitmq4.sh ctl {' '.join(args)}")
         return result
 
-    def stop_app(self) -> None:
-        """Stop the RabbitMQ application (the Erlang node keeps running)."""
-        self.ctl("stop_app")
-
-    def start_app(self) -> None:
-        """Start the application again and wait until it serves."""
-        self.ctl("start_app")
-        self.ctl("await_startup", "--timeout", "60")
-
     def shutdown(self) -> None:
         """Leave the node as found: its app running (the script's other users expect it)."""
         if self._run("status").returncode != 0:
             self._run("start", timeout=180)
-
-    def amqp_url(self, vhost: str = "/", port: int | None = None) -> str:
-        """The AMQP URL of ``vhost`` on this node (through ``port`` if given)."""
-        return f"amqp://guest:guest@127.0.0.1:{port or self.amqp_port}/{quote(vhost, safe='')}"
-
-    @property
-    def management_url(self) -> str:
-        """The management API's base URL."""
-        return f"http://127.0.0.1:{self.management_port}"
