@@ -364,8 +364,13 @@ async def _replay(
 # -- the application --------------------------------------------------------------------
 
 
+MAX_BODY_BYTES = 64 * 1024
+
+
 class SecurityHeaders:
-    """Adds SECURITY_HEADERS to every answer."""
+    """Adds SECURITY_HEADERS to every answer, and refuses a request body larger than
+    MAX_BODY_BYTES (or of unknown length) before anything reads it: the login form is
+    parsed for anyone."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -373,6 +378,10 @@ class SecurityHeaders:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD") and not _small_body(scope):
+            await send({"type": "http.response.start", "status": 413, "headers": []})
+            await send({"type": "http.response.body", "body": b"request too large\n"})
             return
 
         async def with_headers(message: Message) -> None:
@@ -383,6 +392,14 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+def _small_body(scope: Scope) -> bool:
+    """Whether the request says it carries at most MAX_BODY_BYTES."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            return value.isdigit() and int(value) <= MAX_BODY_BYTES
+    return False
 
 
 def create_app(settings: Settings) -> Starlette:

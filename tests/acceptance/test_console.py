@@ -16,8 +16,8 @@ async def test_nobody_reaches_the_console_unauthenticated_or_without_the_csrf_to
     stack: Stack,
 ) -> None:
     """Pages redirect to the login; a POST without a session is 401; a wrong password is
-    401; a POST without (or with another session's) CSRF token is 403 and changes nothing;
-    every answer carries the security headers."""
+    401; a body over 64 KiB is 413; a POST without (or with another session's) CSRF token
+    is 403 and changes nothing; every answer carries the security headers."""
     await seed_dead_letters(stack)
     async with pg_connection(stack.database_url) as conn:
         record_id = await conn.fetchval("SELECT min(id) FROM dead_letters")
@@ -32,6 +32,12 @@ async def test_nobody_reaches_the_console_unauthenticated_or_without_the_csrf_to
             "/login", data={"csrf": token, "name": "alice", "password": "nope"}
         )
         assert wrong.status_code == 401
+        huge = await anonymous.post(
+            "/login",
+            content=b"name=" + b"x" * 100_000,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert huge.status_code == 413  # refused before anything parses it
         headers = wrong.headers
         assert "frame-ancestors 'none'" in headers["content-security-policy"]
         assert headers["x-frame-options"] == "DENY"
