@@ -17,14 +17,17 @@ else:
 # CASCADE: every table that refers to these (leases, transitions, replays) is emptied too.
 # The audit tables refuse TRUNCATE even to their owner (migration 0005); the
 # benchmark's database is its own, so its reset lifts that for one transaction.
-# CASCADE: the tables that refer to these (leases, transitions, replays) too.
+# CASCADE: the tables that refer to these (leases, transitions, replays, events,
+# parked holds) too.
 RESET = """
 BEGIN;
 ALTER TABLE reservation_transitions DISABLE TRIGGER reservation_transitions_no_truncate;
 ALTER TABLE dead_letter_replays DISABLE TRIGGER dead_letter_replays_no_truncate;
+ALTER TABLE dead_letter_events DISABLE TRIGGER dead_letter_events_no_truncate;
 TRUNCATE reservations, dead_letters CASCADE;
 ALTER TABLE reservation_transitions ENABLE TRIGGER reservation_transitions_no_truncate;
 ALTER TABLE dead_letter_replays ENABLE TRIGGER dead_letter_replays_no_truncate;
+ALTER TABLE dead_letter_events ENABLE TRIGGER dead_letter_events_no_truncate;
 COMMIT;
 """
 

@@ -47,9 +47,9 @@ ALARMS = {
 
 
 async def alarm_is(world: World, field: str, up: bool) -> bool:
-    """Whether the node's alarm ``field`` is as wanted."""
+    """Whether the node's alarm ``field`` is as wanted (and shown at all)."""
     nodes = await world.management.request("GET", "/nodes")
-    return all(bool(node.get(field)) is up for node in nodes)
+    return all(field in node and bool(node[field]) is up for node in nodes)
 
 
 async def wait_alarm(world: World, field: str, *, up: bool, timeout: float = 60) -> None:
@@ -60,9 +60,14 @@ async def wait_alarm(world: World, field: str, *, up: bool, timeout: float = 60)
 
 
 async def limit_of(world: World, field: str) -> int:
-    """The node's limit ``field`` now, in bytes."""
-    [node] = await world.management.request("GET", "/nodes")
-    return int(node[field])
+    """The node's limit ``field`` now, in bytes (a freshly booted node shows its limits
+    only once it has collected its first statistics)."""
+    async with asyncio.timeout(60):
+        while True:
+            [node] = await world.management.request("GET", "/nodes")
+            if node.get(field) is not None:
+                return int(node[field])
+            await asyncio.sleep(0.5)
 
 
 async def held_due(url: str, ids: list[UUID]) -> int:
