@@ -125,7 +125,7 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
     )
     for line in machine.lines():
         say(line)
-    say(f"  consumer    service defaults: {run.consumer_defaults()}; EXPIRY_LOG_LEVEL=WARNING")
+    say(f"  consumer    service defaults: {run.consumer_defaults()}")
     if options.overrides:
         say(f"  overrides   {', '.join(f'{k}={v}' for k, v in options.overrides)}")
     say(f"  sandbox     database and vhost {sandbox.database}; logs {logs}")

@@ -36,16 +36,15 @@ def child_env(
     """The children's environment: the service's defaults against the benchmark's sandbox.
 
     No ``EXPIRY_*`` or ``OTEL_*`` variable of the caller's shell leaks in (only the
-    ``overrides`` asked for on the command line); the log level is WARNING so that
-    per-delivery log lines do not dominate the figures. ``management_url`` is where
-    the scan and the consumers read the topology's arguments to check them.
+    ``overrides`` asked for on the command line), the log level the service ships with
+    (``INFO``), as users run it. ``management_url`` is where the scan and the consumers
+    read the topology's arguments to check them.
     """
     env = {k: v for k, v in environ.items() if not k.startswith(("EXPIRY_", "OTEL_"))}
     env.update(
         DATABASE_URL=database_url,
         AMQP_URL=amqp_url,
         EXPIRY_MANAGEMENT_URL=management_url,
-        EXPIRY_LOG_LEVEL="WARNING",
         EXPIRY_LOG_FORMAT="json",
         EXPIRY_HTTP_PORT="0",
         PYTHONUNBUFFERED="1",

@@ -31,6 +31,7 @@ def consumer_defaults() -> str:
             parts.append(f"EXPIRY_{name.upper()}={fields[name].default}")
     if "batch_size" not in fields:
         parts.append("no EXPIRY_BATCH_SIZE in this version (both paths are per-message)")
+    parts.append(f"EXPIRY_LOG_LEVEL={fields['log_level'].default}")
     return ", ".join(parts)
 
 

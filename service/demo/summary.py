@@ -38,18 +38,28 @@ async def final_state(conn: postgres.Connection, queues: Queues) -> Final:
     )
 
 
+# What an ``expiry.summary`` count is called in the demo's summary.
+SUMMARY_NAMES = {
+    "expired": "expired",
+    "already_done": "already-done",
+    "not_eligible": "not-eligible",
+}
+
+
 def delivery_outcomes(logs: Iterable[Path]) -> Counter[str]:
-    """Count the consumers' ``expiry.outcome``, ``expiry.retry``, ``expiry.dead_letter`` lines."""
+    """Add up the consumers' ``expiry.summary`` lines (outcomes by count, at ``INFO``) and
+    count their ``expiry.retry`` and ``expiry.dead_letter`` lines."""
     counts: Counter[str] = Counter()
     for log in logs:
         for line in log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, TypeError):
                 entry = json.loads(line)
-                if entry.get("event") == "expiry.outcome" and "outcome" in entry:
-                    counts[str(entry["outcome"])] += 1
+                if entry.get("event") == "expiry.summary":
+                    for field, name in SUMMARY_NAMES.items():
+                        counts[name] += int(entry.get(field, 0))
                 elif entry.get("event") in ("expiry.retry", "expiry.dead_letter"):
                     counts[str(entry["event"]).removeprefix("expiry.")] += 1
-    return counts
+    return +counts
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from service.adapters.metrics import Metrics
 from service.core.topology import DEAD_LOG_QUEUE, QUEUE
 from service.settings import Settings
 from service.worker.recorder import RECORDER_PREFETCH
-from service.worker.runtime import assemble
+from service.worker.reporting import SUMMARY_SECONDS, Reporter
+from service.worker.runtime import Runtime, assemble
 
 log = logging.getLogger("service.consume")
 
@@ -79,7 +80,8 @@ async def _consume(
         (dead_log, await dead_log.consume(runtime.recorder.on_message)),
     ]
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
-    async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every):
+    sidecars = _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every, runtime)
+    async with sidecars:
         await stop.wait()
         log.info("consumer.draining", extra={"in_flight": len(in_flight)})
         for queue, tag in consumers:
@@ -92,8 +94,16 @@ async def _consume(
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
     await runtime.batcher.close()
+    runtime.reporter.summarize()  # what the last interval did
     for channel in (publish_channel, record_channel, consume_channel):
         await channel.close()
+
+
+async def _summarize_every(reporter: Reporter, seconds: float) -> None:
+    """An ``expiry.summary`` line every ``seconds`` in which something happened."""
+    while True:
+        await asyncio.sleep(seconds)
+        reporter.summarize()
 
 
 CANCEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
@@ -107,10 +117,11 @@ async def _sidecars(
     stop: asyncio.Event,
     metrics: Metrics,
     backlog_every: float | None,
+    runtime: Runtime,
 ) -> AsyncIterator[None]:
-    """The health endpoint and the gauges' refresher, for as long as the consumer runs."""
+    """The health endpoint, the gauges' refresher and the periodic summary line, for as
+    long as the consumer runs."""
     server: HealthServer | None = None
-    refresher: asyncio.Task[None] | None = None
     if settings.http_port:
 
         async def readiness() -> dict[str, bool]:
@@ -122,16 +133,19 @@ async def _sidecars(
 
         server = HealthServer(readiness, metrics=backlog_every is not None)
         await server.start(settings.http_host, settings.http_port)
+    tasks = [asyncio.create_task(_summarize_every(runtime.reporter, SUMMARY_SECONDS))]
     if backlog_every is not None:
-        refresher = asyncio.create_task(
-            refresh_gauges(pool, metrics.gauges, backlog_every, dead_letters=True)
+        tasks.append(
+            asyncio.create_task(
+                refresh_gauges(pool, metrics.gauges, backlog_every, dead_letters=True)
+            )
         )
     try:
         yield
     finally:
-        if refresher is not None:
-            refresher.cancel()
-            await asyncio.gather(refresher, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.close()
 

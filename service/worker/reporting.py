@@ -1,10 +1,21 @@
 """What the consumer says about each delivery: the log line, the metrics and the span
-attributes, each once and only here."""
+attributes, each once and only here.
+
+At ``INFO`` the log carries what an operator acts on: every retry, dead letter, refused
+copy and bug, each as it happens, and every ``SUMMARY_SECONDS`` one ``expiry.summary``
+line with the counts of what the consumer did since the last one. One
+``expiry.outcome`` line per handled delivery is ``DEBUG``: at a few thousand expiries
+a second it would cost a third of the consumer's time, and the database's audit
+trail (``reservation_transitions``) already records every transition.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
@@ -17,12 +28,37 @@ from service.worker.delivery import Delivery, short_reason
 
 log = logging.getLogger("service.consume")
 
+SUMMARY_SECONDS = 10.0
+
+# The counts of an ``expiry.summary`` line, in the order it shows them.
+SUMMARY_COUNTS = ("expired", "already_done", "not_eligible", "retried", "dead_lettered")
+
 
 class Reporter:
     """Reports deliveries through the log, the metrics and the consumer span."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
         self.metrics = metrics
+        self.clock = clock
+        self.counts: Counter[str] = Counter()
+        self.since = clock()
+
+    def summarize(self) -> None:
+        """One ``expiry.summary`` line (``INFO``) with the counts since the last one, if
+        anything happened; then start counting again."""
+        now = self.clock()
+        counts, self.counts = self.counts, Counter()
+        interval, self.since = now - self.since, now
+        if not counts:
+            return
+        log.info(
+            "expiry.summary",
+            extra={
+                "interval_s": round(interval, 1),
+                "deliveries": sum(counts.values()),
+                **{name: counts[name] for name in SUMMARY_COUNTS},
+            },
+        )
 
     def arrived(self, delivery: Delivery) -> None:
         """The messaging semantic conventions' attributes, and ours (``expiry.*``), on the
@@ -61,6 +97,7 @@ class Reporter:
             lag=expiry.lag_seconds,
             since_published=expiry.since_published_seconds,
         )
+        self.counts[expiry.outcome.value.replace("-", "_")] += 1
         _log_outcome(delivery, expiry.outcome, elapsed, acked=acked)
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", expiry.outcome.value)
@@ -84,9 +121,11 @@ class Reporter:
         elapsed = delivery.elapsed()
         error_class = str(facts["error_class"])
         if isinstance(decision, Retry):
+            self.counts["retried"] += 1
             self.metrics.retried(error_class, seconds=elapsed)
             log.info("expiry.retry", extra={**facts, "delay_s": decision.delay_seconds})
         else:
+            self.counts["dead_lettered"] += 1
             self.metrics.dead_lettered(error_class, decision.why.value, seconds=elapsed)
             log.warning("expiry.dead_letter", extra={**facts, "give_up": decision.why.value})
 
@@ -97,6 +136,7 @@ class Reporter:
 
     def rejected(self, delivery: Delivery, why: str) -> None:
         """Rejected for good: the work queue dead-letters it itself."""
+        self.counts["dead_lettered"] += 1
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", "dead-letter")
             delivery.span.set_attribute("error.type", "rejected")
@@ -126,9 +166,9 @@ class Reporter:
 
 
 def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked: bool) -> None:
-    if not log.isEnabledFor(logging.INFO):  # its facts cost more than the check
+    if not log.isEnabledFor(logging.DEBUG):  # its facts cost more than the check
         return
-    log.info(
+    log.debug(
         "expiry.outcome",
         extra={
             "reservation_id": delivery.reservation_id,

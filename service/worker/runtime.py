@@ -34,6 +34,7 @@ class Runtime:
     recorder: Recorder
     batcher: Batcher
     in_flight: InFlight
+    reporter: Reporter
 
 
 async def assemble(
@@ -76,4 +77,4 @@ async def assemble(
         publish_timeout=settings.publish_timeout_seconds,
         metrics=metrics,
     )
-    return Runtime(consumer, recorder, batcher, in_flight)
+    return Runtime(consumer, recorder, batcher, in_flight, reporter)

@@ -86,10 +86,17 @@ async def test_scan_and_two_consumers_end_to_end(stack: Stack) -> None:
     assert scan.returncode == 0, scan.stderr
     assert "published 2000 command(s)" in scan.stdout
     await eventually(lambda: _expired(stack, len(due)), timeout=120)
+    summaries = []
     for process in consumers:
         code, err = await stop(process)
         assert code == 0, err
         assert "Traceback" not in err
+        events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+        # At the default level no line per delivery: counts in expiry.summary lines.
+        assert not [e for e in events if e["event"] == "expiry.outcome"]
+        summaries += [e for e in events if e["event"] == "expiry.summary"]
+    assert sum(s["expired"] for s in summaries) == len(due)
+    assert sum(s["deliveries"] for s in summaries) >= len(due)
     transitions = await transitions_per_reservation(stack.database_url)
     assert set(transitions) == set(due)
     assert set(transitions.values()) == {1}
@@ -113,7 +120,7 @@ async def test_consumer_killed_after_commit_before_ack(stack: Stack) -> None:
     assert await statuses(stack.database_url) == {"expired": 1}  # committed...
     assert await queue_depth(stack.amqp_url, "expirations") == 1  # ...but never acked
 
-    survivor = await start("service.consume", env=stack.env())
+    survivor = await start("service.consume", env=stack.env(EXPIRY_LOG_LEVEL="DEBUG"))
     await eventually(lambda: _depth_is(stack, 0))
     code, err = await stop(survivor)
     assert code == 0, err

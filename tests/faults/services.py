@@ -35,7 +35,7 @@ SERVICE_ENV = {
     "EXPIRY_HEARTBEAT_SECONDS": "5",
     "EXPIRY_SHUTDOWN_TIMEOUT_SECONDS": "20",
     "EXPIRY_LOG_FORMAT": "json",
-    "EXPIRY_LOG_LEVEL": "INFO",
+    "EXPIRY_LOG_LEVEL": "DEBUG",  # one expiry.outcome line per delivery, which they count
 }
 
 

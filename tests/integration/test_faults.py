@@ -149,7 +149,7 @@ async def test_broker_connection_lost_mid_update(
     The in-flight delivery is abandoned (never acked on the new channel), the
     consumer comes back by itself, the redelivery settles it: one transition.
     """
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)  # the per-delivery expiry.outcome line
     [rid] = await insert_holds(stack.database_url, 1)
     settings = stack.settings.model_copy(
         update={"lock_timeout_ms": 30000, "statement_timeout_ms": 30000}

@@ -34,7 +34,7 @@ from service.worker.failpoints import NO_FAILPOINTS
 from service.worker.failures import REFUSAL_LIMIT, Failures
 from service.worker.inflight import InFlight
 from service.worker.quarantine import CRASH_LIMIT, Quarantine
-from service.worker.reporting import Reporter
+from service.worker.reporting import SUMMARY_COUNTS, Reporter
 
 
 @dataclass
@@ -133,6 +133,7 @@ class World:
     publisher: FakePublisher
     in_flight: InFlight
     batcher: Batcher
+    reporter: Reporter
 
     async def deliver(self, *messages: FakeMessage) -> None:
         """Hand the messages to the consumer and wait until each is handled."""
@@ -161,7 +162,7 @@ async def world() -> AsyncIterator[World]:
         failpoints=NO_FAILPOINTS,
         in_flight=in_flight,
     )
-    yield World(consumer, store, publisher, in_flight, batcher)
+    yield World(consumer, store, publisher, in_flight, batcher, reporter)
     await batcher.close()
 
 
@@ -181,7 +182,7 @@ async def test_a_due_hold_is_expired_acked_and_reported_once(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A first delivery of a valid command: one batch, one ack, one outcome line."""
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)  # the per-delivery expiry.outcome line
     message = command(world.store)
     await world.deliver(message)
     assert world.store.calls == ["batch of 1"]
@@ -193,13 +194,37 @@ async def test_a_command_twice_in_one_batch_expires_once(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The second copy is already-done; both are acked; the hold changed once."""
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)  # the per-delivery expiry.outcome line
     first = command(world.store)
     second = FakeMessage(first.body, message_id=first.message_id)
     consumed = command(world.store, "consumed")
     await world.deliver(first, second, consumed)
     assert [m.settled for m in (first, second, consumed)] == [["ack"]] * 3
     assert sorted(outcomes(caplog)) == ["already-done", "expired", "not-eligible"]
+
+
+async def test_at_info_each_delivery_is_counted_in_a_summary_not_logged(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default level: no line per delivery; one expiry.summary with the counts, then
+    none while nothing happens."""
+    caplog.set_level(logging.INFO)
+    first = command(world.store)
+    await world.deliver(first, FakeMessage(first.body, message_id=first.message_id))
+    await world.deliver(command(world.store, "consumed"), command(world.store))
+    assert outcomes(caplog) == []
+    world.reporter.summarize()
+    world.reporter.summarize()
+    [summary] = [r for r in caplog.records if r.msg == "expiry.summary"]
+    counts = {name: getattr(summary, name) for name in SUMMARY_COUNTS}
+    assert counts == {
+        "expired": 2,
+        "already_done": 1,
+        "not_eligible": 1,
+        "retried": 0,
+        "dead_lettered": 0,
+    }
+    assert (summary.levelno, summary.__dict__["deliveries"]) == (logging.INFO, 4)
 
 
 @pytest.mark.parametrize(
