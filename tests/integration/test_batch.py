@@ -90,16 +90,48 @@ async def test_unknown_reservation_fails_only_its_own_delivery(
 async def test_a_failing_batch_falls_back_to_one_transaction_each(
     stack: Stack, batcher: Batcher
 ) -> None:
-    """A row locked past the lock timeout fails the batch; every delivery goes it alone."""
+    """A batch PostgreSQL refuses as a whole (one value out of its column's range) changes
+    nothing, and every delivery in it goes on alone."""
     ids = await insert_holds(stack.database_url, 4)
-    async with pg_connection(stack.database_url) as support:
-        tx = support.transaction()
-        await tx.start()
-        await support.execute("SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE", ids[2])
-        results = await _submit_all(batcher, ids)
-        await tx.rollback()
+    results = await asyncio.gather(
+        *(batcher.submit(rid, f"m-{i}", 2**40 if i == 2 else 1) for i, rid in enumerate(ids)),
+        return_exceptions=True,
+    )
     assert all(isinstance(r, BatchFallback) for r in results), results
     assert await transitions_per_reservation(stack.database_url) == {}
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_a_locked_row_is_skipped_not_waited_for(stack: Stack, size: int) -> None:
+    """A row another transaction holds, however long: its batch does not wait for it
+    (the lock and statement timeouts are a minute here); its neighbours expire, and it
+    alone goes on to the one-at-a-time path (BatchFallback)."""
+    settings = stack.settings.model_copy(
+        update={"lock_timeout_ms": 60_000, "statement_timeout_ms": 60_000}
+    )
+    pool = await postgres.create_pool(settings, application_name="test-batch", size=2)
+    batcher = Batcher(PostgresStore(pool, settings), size=50, wait_ms=50, workers=1)
+    ids = await insert_holds(stack.database_url, size)
+    try:
+        async with pg_connection(stack.database_url) as support:
+            tx = support.transaction()
+            await tx.start()
+            await support.execute("SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE", ids[-1])
+            async with asyncio.timeout(30):  # half the lock timeout: it never waited
+                results = await _submit_all(batcher, ids)
+            await support.execute(
+                "UPDATE reservations SET status = 'consumed' WHERE id = $1", ids[-1]
+            )
+            await tx.commit()
+    finally:
+        await batcher.close()
+        await pool.close()
+    assert isinstance(results[-1], BatchFallback), results
+    outcomes = [r.outcome for r in results[:-1] if isinstance(r, postgres.Expiry)]
+    assert outcomes == [Outcome.EXPIRED] * (size - 1)
+    expected = {"expired": size - 1, "consumed": 1}
+    assert await statuses(stack.database_url) == {k: n for k, n in expected.items() if n}
+    assert set(await transitions_per_reservation(stack.database_url)) == set(ids[:-1])
 
 
 async def test_consumer_with_a_locked_row_in_its_batch(stack: Stack) -> None:

@@ -15,11 +15,12 @@ from service.core.domain import Outcome, outcome_of
 # The guarded transition and its audit row, in one statement (so one
 # transaction): only a held reservation whose deadline has passed by the
 # database's clock moves to expired, and only the winner writes the audit row.
-EXPIRE_RESERVATION = """
-WITH expired AS (
+# It waits for a row another transaction holds (up to the lock timeout).
+_EXPIRE_ONE = """
+WITH {locked}expired AS (
     UPDATE reservations
        SET status = 'expired', updated_at = now()
-     WHERE id = $1 AND status = 'held' AND hold_until <= now()
+     WHERE id = $1 AND status = 'held' AND hold_until <= now(){only_locked}
  RETURNING id, extract(epoch FROM now() - hold_until)::float8 AS lag,
            (SELECT extract(epoch FROM now() - l.last_published)::float8
               FROM publish_leases l WHERE l.reservation_id = reservations.id) AS since_published
@@ -34,6 +35,19 @@ SELECT EXISTS (SELECT 1 FROM expired) AS won, (SELECT lag FROM expired) AS lag,
   FROM (SELECT 1) AS one
   LEFT JOIN reservations r ON r.id = $1
 """
+EXPIRE_RESERVATION = _EXPIRE_ONE.format(locked="", only_locked="")
+
+# The same for a batch of one, which never waits: a row another transaction holds
+# is left alone (it comes back held and due, not won: the batcher hands it to the
+# one-at-a-time path, which waits for it on a connection of its own).
+EXPIRE_RESERVATION_UNLESS_LOCKED = _EXPIRE_ONE.format(
+    locked="""locked AS (
+    SELECT id FROM reservations
+     WHERE id = $1 AND status = 'held' AND hold_until <= now()
+       FOR NO KEY UPDATE SKIP LOCKED
+), """,
+    only_locked=" AND id IN (SELECT id FROM locked)",
+)
 
 
 READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations WHERE id = $1"
@@ -66,7 +80,9 @@ async def expire_reservation(
 
 # The batched guarded update: rows are locked in id order (so two consumers
 # with overlapping batches never deadlock), the guard is the same as above, and
-# every winner writes its audit row; one row per distinct id comes back.
+# every winner writes its audit row; one row per distinct id comes back. A row
+# another transaction holds (the support side consuming it, say) is skipped, not
+# waited for: it comes back held and due but not won, and only it goes on alone.
 EXPIRE_BATCH = """
 WITH batch AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[]) AS b (id, message_id, attempt)
@@ -74,7 +90,7 @@ WITH batch AS (
     SELECT r.id FROM reservations r JOIN batch b ON b.id = r.id
      WHERE r.status = 'held' AND r.hold_until <= now()
      ORDER BY r.id
-       FOR NO KEY UPDATE OF r
+       FOR NO KEY UPDATE OF r SKIP LOCKED
 ), expired AS (
     UPDATE reservations r
        SET status = 'expired', updated_at = now()
@@ -116,7 +132,8 @@ async def expire_batch(
     *,
     worker: str,
 ) -> dict[UUID, BatchRow]:
-    """Run the guarded transition for distinct ids in one statement (one transaction).
+    """Run the guarded transition for distinct ids in one statement (one transaction),
+    never waiting for a row another transaction holds (that row is not won).
 
     A batch of one runs the single-row statement, the same transition and audit
     row for a third less of PostgreSQL's time (its arrays, unnest and joins cost
@@ -124,7 +141,9 @@ async def expire_batch(
     and with ``EXPIRY_BATCH_SIZE=1``, most batches hold one delivery.
     """
     if len(ids) == 1:
-        one = await conn.fetchrow(EXPIRE_RESERVATION, ids[0], message_ids[0], attempts[0], worker)
+        one = await conn.fetchrow(
+            EXPIRE_RESERVATION_UNLESS_LOCKED, ids[0], message_ids[0], attempts[0], worker
+        )
         assert one is not None  # the LEFT JOIN always yields one row
         return {ids[0]: _batch_row(one)}
     rows = await conn.fetch(EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), worker)
