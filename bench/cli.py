@@ -212,7 +212,9 @@ async def _measure(
         introduce(options, sandbox, machine, logs)
         probe = Probe(connection)
         servers = local_servers(sandbox)
-        bench = Bench(options, conn, probe, procs, sandbox.amqp_url, servers, say)
+        bench = Bench(
+            options, conn, probe, procs, sandbox.amqp_url, servers, say, sandbox.database_url
+        )
         return machine, await run.measure(bench, options, say)
     finally:
         await connection.close()

@@ -97,6 +97,20 @@ SELECT count(*) FROM expired
 """
 
 
+# Expirations of the holds not in $1, from the first to the last.
+EXPIRED_WINDOW_EXCEPT = """
+SELECT count(*) AS n, coalesce(extract(epoch FROM max(at) - min(at)), 0)::float8 AS seconds
+  FROM reservation_transitions WHERE to_status = 'expired' AND reservation_id <> ALL($1::uuid[])
+"""
+
+# A random share of the held reservations, row-locked by the caller's transaction.
+LOCK_SOME = """
+SELECT id FROM reservations
+ WHERE id IN (SELECT id FROM reservations WHERE status = 'held' ORDER BY random() LIMIT $1)
+   FOR UPDATE
+"""
+
+
 async def reset(conn: Connection) -> None:
     """Empty every table the service writes."""
     await conn.execute(RESET)
@@ -137,6 +151,18 @@ async def expired_window(conn: Connection) -> Window:
     row = await conn.fetchrow(EXPIRED_WINDOW)
     assert row is not None
     return Window(row["n"], row["seconds"])
+
+
+async def expired_window_except(conn: Connection, ids: list[UUID]) -> Window:
+    """The expirations of every hold but ``ids``, and the time from the first to the last."""
+    row = await conn.fetchrow(EXPIRED_WINDOW_EXCEPT, ids)
+    assert row is not None
+    return Window(row["n"], row["seconds"])
+
+
+async def lock_some(conn: Connection, count: int) -> list[UUID]:
+    """Row-lock ``count`` random held reservations in ``conn``'s open transaction."""
+    return [row["id"] for row in await conn.fetch(LOCK_SOME, count)]
 
 
 async def start_spread(conn: Connection) -> float:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
+
 from bench import cpu, db
 from bench.amqp import Probe
 from bench.config import Options
@@ -78,6 +80,18 @@ class RawRun:
 
 
 @dataclass(frozen=True)
+class LockedRun:
+    """One consumer on a backlog while the support side holds some of its rows locked."""
+
+    holds: int
+    locked: int
+    held_seconds: float  # how long the locks were held, from the consumer's start
+    expired_at_release: int  # of the holds not locked
+    free: db.Window  # the holds not locked: first to last expiry
+    locked_done_seconds: float  # from the release until every locked hold had expired
+
+
+@dataclass(frozen=True)
 class SustainedRun:
     """Holds coming due at a steady rate, the scan on a timer, K consumers."""
 
@@ -131,9 +145,11 @@ class Bench:
         amqp_url: str,
         servers: cpu.Servers,
         say: Callable[[str], None],
+        database_url: str,
     ) -> None:
         self.options = options
         self.conn = conn
+        self.database_url = database_url
         self.probe = probe
         self.procs = procs
         self.amqp_url = amqp_url
@@ -215,6 +231,31 @@ class Bench:
         finally:
             await self._stop(children)
         return scan, run
+
+    async def locked_rows(self, share: float, held: float, env: Mapping[str, str]) -> LockedRun:
+        """The scan publishes N due holds; another transaction row-locks ``share`` of them;
+        one consumer starts; the locks are released (rolled back) ``held`` s later."""
+        holds = self.options.holds
+        await self.scan(holds)
+        locker = await asyncpg.connect(self.database_url)
+        try:
+            tx = locker.transaction()
+            await tx.start()
+            locked = await db.lock_some(locker, max(1, round(holds * share)))
+            children = await self._consumers(1, env)
+            await asyncio.sleep(held)
+            at_release = await db.expired_count(self.conn)
+            await tx.rollback()
+        finally:
+            await locker.close()
+        released = time.monotonic()
+        try:
+            await self._until_expired(children, holds)
+            locked_done = time.monotonic() - released
+        finally:
+            await self._stop(children)
+        free = await db.expired_window_except(self.conn, locked)
+        return LockedRun(holds, len(locked), held, at_release, free, locked_done)
 
     async def sustained(self) -> SustainedRun:
         """Holds due at ``rate``/s for ``duration`` s; the scan every ``scan_every`` s."""

@@ -8,6 +8,7 @@ from typing import Any
 
 UNIT_FORMATS = {
     "/s": "{:,.0f}",
+    "holds": "{:,.0f}",
     "s": "{:.2f}",
     "MB": "{:.0f}",
     "%": "{:.0f}",

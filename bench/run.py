@@ -116,7 +116,39 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
     scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
     record_scan(results, scan, say)
     record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
+    await locked_rows(bench, options, results, say)
     await sustained(bench, options, results, say)
+
+
+LOCKED_SHARE = 0.05
+LOCKED_ENV = {"EXPIRY_LOCK_TIMEOUT_MS": "1000"}
+
+
+async def locked_rows(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """1 consumer on the backlog while 5% of its rows are locked by another transaction."""
+    held = 2.0 if options.quick else 4.0
+    run = await bench.locked_rows(LOCKED_SHARE, held, LOCKED_ENV)
+    free = run.free
+    label = f"1 consumer, {LOCKED_SHARE:.0%} of rows locked for {held:g}s"
+    results.add("locked.rate", f"{label}: the others' expirations/s", "/s", free.rate)
+    results.add(
+        "locked.at_release",
+        "  the others expired when the locks went",
+        "holds",
+        run.expired_at_release,
+    )
+    results.add(
+        "locked.after",
+        "  the locked ones all expired, after the release",
+        "s",
+        run.locked_done_seconds,
+    )
+    say(
+        f"  locked rows      {label} (EXPIRY_LOCK_TIMEOUT_MS=1000): the other "
+        f"{run.holds - run.locked:,} expired at {free.rate:,.0f}/s, "
+        f"{run.expired_at_release:,} of them before the release; the {run.locked:,} locked "
+        f"ones {run.locked_done_seconds:.1f}s after it"
+    )
 
 
 async def sustained(bench: Bench, options: Options, results: Results, say: Say) -> None:
@@ -211,6 +243,7 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
     """Ratios with no target: where the per-message path and the two limits stand."""
     pairs = [
         ("per-message path vs raw consume + ack", "e2e.per_message", "raw.consume"),
+        ("1 consumer, 5% of rows locked (the others) vs none locked", "locked.rate", "e2e.k1"),
         ("batched update (no broker) vs raw consume + ack", "db.batched", "raw.consume"),
         ("end-to-end, 1 consumer vs batched update (no broker)", "e2e.k1", "db.batched"),
         ("raw consume + ack vs raw publish with confirms", "raw.consume", "raw.publish"),

@@ -7,7 +7,9 @@ fakes of both; ``PostgresStore`` and ``AmqpPublisher`` are the real ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 from uuid import UUID
 
@@ -61,12 +63,15 @@ class Publisher(Protocol):
 class PostgresStore:
     """``Store`` on a connection pool."""
 
-    def __init__(self, pool: postgres.Pool, settings: Settings) -> None:
+    def __init__(self, pool: postgres.Pool, settings: Settings, *, for_batches: int = 0) -> None:
         self.pool = pool
         self.worker = settings.worker_id
         self.acquire_timeout = (
             settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000
         )
+        # A delivery alone may wait on a row lock for up to the lock timeout: however
+        # many do, ``for_batches`` of the pool's connections are left to the batches.
+        self._alone = asyncio.Semaphore(max(1, settings.db_pool_size - for_batches))
 
     async def expire_many(
         self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
@@ -78,7 +83,7 @@ class PostgresStore:
         with tracer.start_as_current_span(
             "expire reservation", attributes={"db.system": "postgresql"}
         ) as span:
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            async with self._alone_connection() as conn:
                 expiry = await postgres.expire_reservation(
                     conn,
                     reservation_id,
@@ -88,6 +93,19 @@ class PostgresStore:
                 )
             span.set_attribute("expiry.outcome", expiry.outcome.value)
             return expiry
+
+    @contextlib.asynccontextmanager
+    async def _alone_connection(self) -> AsyncIterator[postgres.Connection]:
+        """A connection of the pool for one delivery alone, within the acquire timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.acquire_timeout
+        async with asyncio.timeout_at(deadline):
+            await self._alone.acquire()
+        try:
+            async with self.pool.acquire(timeout=max(0.0, deadline - loop.time())) as conn:
+                yield conn
+        finally:
+            self._alone.release()
 
     async def mark_handling(self, key: str) -> int:
         async with self.pool.acquire(timeout=self.acquire_timeout) as conn:

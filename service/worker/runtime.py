@@ -41,21 +41,19 @@ async def assemble(
     settings: Settings, pool: postgres.Pool, publish_channel: AbstractChannel, metrics: Metrics
 ) -> Runtime:
     """The consumer and the recorder on this pool, publishing on this confirm channel."""
-    store = PostgresStore(pool, settings)
+    batched = settings.batch_size > 1
+    spare = max(1, settings.db_pool_size - 1)
+    batch_workers = min(BATCH_WORKERS, spare) if batched else spare
+    store = PostgresStore(pool, settings, for_batches=batch_workers if batched else 0)
     dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
     publisher = AmqpPublisher(
         await publish_channel.get_exchange(RETRY_EXCHANGE, ensure=False),
         dead_exchange,
         settings.publish_timeout_seconds,
     )
-    batched = settings.batch_size > 1
     acks: Acks = Acker() if batched else AckAlone()
-    spare = max(1, settings.db_pool_size - 1)
     batcher = Batcher(
-        store,
-        size=settings.batch_size,
-        wait_ms=settings.batch_wait_ms,
-        workers=min(BATCH_WORKERS, spare) if batched else spare,
+        store, size=settings.batch_size, wait_ms=settings.batch_wait_ms, workers=batch_workers
     )
     reporter = Reporter(metrics)
     failpoints = failpoints_for(settings.failpoint)

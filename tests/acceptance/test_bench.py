@@ -25,6 +25,9 @@ FIGURES = [
     "scan.rate",
     "scan.rss",
     *(f"{what}.{run}" for run in ("k1", "k2", "per_message") for what in RUN_FIGURES),
+    "locked.rate",
+    "locked.at_release",
+    "locked.after",
     "lag.p50",
     "lag.p99",
     "lag.max",
@@ -71,7 +74,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert len(targets) == 6
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 4
+    assert len(ratios) == 5
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)

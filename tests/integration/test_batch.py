@@ -154,6 +154,38 @@ async def test_consumer_with_a_locked_row_in_its_batch(stack: Stack) -> None:
     assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
 
 
+async def test_more_locked_rows_than_connections_leave_the_batches_theirs(stack: Stack) -> None:
+    """Ten rows locked for longer than the test, a pool of four: the ten deliveries alone
+    wait for their rows on at most two connections, the batches keep the other two, and
+    every other hold expires while the locks are still held."""
+    settings = stack.settings.model_copy(
+        update={"db_pool_size": 4, "lock_timeout_ms": 60_000, "statement_timeout_ms": 60_000}
+    )
+    ids = await insert_holds(stack.database_url, 100)
+    async with (
+        pg_connection(stack.database_url) as support,
+        running_consumer(settings) as task,
+    ):
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        tx = support.transaction()
+        await tx.start()
+        await support.execute("SELECT 1 FROM reservations WHERE id = ANY($1) FOR UPDATE", ids[:10])
+        rows = await support.fetch("SELECT id, hold_until FROM reservations ORDER BY id")
+        await publish_raw(stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows])
+        await eventually(lambda: _expired(stack, 90), timeout=30)
+        await support.execute(
+            "UPDATE reservations SET status = 'consumed' WHERE id = ANY($1)", ids[:10]
+        )
+        await tx.commit()
+        await eventually(lambda: _depth_is(stack, "expirations", 0), timeout=30)
+    assert await statuses(stack.database_url) == {"expired": 90, "consumed": 10}
+    assert set(await transitions_per_reservation(stack.database_url)) == set(ids[10:])
+
+
+async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
+    return await queue_depth(stack.amqp_url, queue) == depth
+
+
 async def _expired(stack: Stack, count: int) -> bool:
     return (await statuses(stack.database_url)).get("expired", 0) == count
 
