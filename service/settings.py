@@ -104,6 +104,21 @@ class Settings(BaseSettings):
     otel_sdk_disabled: bool = Field(
         default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
     )
+    # Which traces are kept, by the standard's names; unset: parentbased_always_on.
+    otel_traces_sampler: (
+        Literal[
+            "always_on",
+            "always_off",
+            "traceidratio",
+            "parentbased_always_on",
+            "parentbased_always_off",
+            "parentbased_traceidratio",
+        ]
+        | None
+    ) = Field(default=None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"))
+    otel_traces_sampler_arg: float | None = Field(
+        default=None, ge=0, le=1, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG")
+    )
     # The RabbitMQ management API, where the running processes read the queues'
     # arguments to check them (they may not declare) and the demo makes its vhost;
     # default: beside the first node of AMQP_URL, port 15672, with its credentials.
@@ -253,6 +268,8 @@ _ENV_NAMES = {
     "otel_metrics_exporter": "OTEL_METRICS_EXPORTER",
     "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
     "otel_sdk_disabled": "OTEL_SDK_DISABLED",
+    "otel_traces_sampler": "OTEL_TRACES_SAMPLER",
+    "otel_traces_sampler_arg": "OTEL_TRACES_SAMPLER_ARG",
 }
 
 

@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +26,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -200,6 +201,23 @@ def traces_exporter_name(settings: Settings) -> str:
     return "otlp" if settings.otel_endpoint else "none"
 
 
+def sampler_for(settings: Settings) -> sampling.Sampler:
+    """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` as the standard reads them
+    (default ``parentbased_always_on``; a ratio's default is 1.0), from the settings, so
+    that a value the standard does not know stops the command at start."""
+    name = settings.otel_traces_sampler or "parentbased_always_on"
+    ratio = 1.0 if settings.otel_traces_sampler_arg is None else settings.otel_traces_sampler_arg
+    samplers: dict[str, Callable[[], sampling.Sampler]] = {
+        "always_on": lambda: sampling.ALWAYS_ON,
+        "always_off": lambda: sampling.ALWAYS_OFF,
+        "traceidratio": lambda: sampling.TraceIdRatioBased(ratio),
+        "parentbased_always_on": lambda: sampling.ParentBased(sampling.ALWAYS_ON),
+        "parentbased_always_off": lambda: sampling.ParentBased(sampling.ALWAYS_OFF),
+        "parentbased_traceidratio": lambda: sampling.ParentBasedTraceIdRatio(ratio),
+    }
+    return samplers[name]()
+
+
 def setup_tracing(
     settings: Settings, role: str, exporter: SpanExporter | None = None
 ) -> TracerProvider | None:
@@ -211,7 +229,9 @@ def setup_tracing(
     name = traces_exporter_name(settings)
     if exporter is None and name == "none":
         return None
-    provider = TracerProvider(resource=resource_for(role, settings.worker_id))
+    provider = TracerProvider(
+        resource=resource_for(role, settings.worker_id), sampler=sampler_for(settings)
+    )
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif name == "console":

@@ -66,6 +66,8 @@ def test_dotenv_file_is_read(tmp_path: Path) -> None:
         ("EXPIRY_LOG_LEVEL", "LOUD", "EXPIRY_LOG_LEVEL: Input should be"),
         ("EXPIRY_MANAGEMENT_URL", "ftp://x", "EXPIRY_MANAGEMENT_URL: must be an http://"),
         ("RABBITMQ_MANAGEMENT_URL", "", "RABBITMQ_MANAGEMENT_URL: must be an http://"),
+        ("OTEL_TRACES_SAMPLER", "jaeger_remote", "OTEL_TRACES_SAMPLER: Input should be"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1.5", "OTEL_TRACES_SAMPLER_ARG: Input should be less"),
     ],
 )
 def test_bad_values_name_the_setting(

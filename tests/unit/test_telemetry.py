@@ -9,10 +9,13 @@ from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import Decision
 
 from service.adapters import telemetry
 from service.adapters.telemetry import JsonFormatter, TextFormatter, redact
 from service.core.redaction import forget_secrets, register_url_secrets
+from service.settings import load_settings
 
 
 def _record(msg: str, *args: object, **facts: object) -> logging.LogRecord:
@@ -155,3 +158,43 @@ def test_the_standard_variables_win_over_our_resource_defaults(
     assert (attributes["service.instance.id"], attributes["expiry.role"]) == ("w1", "consume")
     if "deployment.environment" in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         assert attributes["deployment.environment"] == "prod"
+
+
+SAMPLED = (Decision.RECORD_AND_SAMPLE,)
+
+
+@pytest.mark.parametrize(
+    ("name", "arg", "roots_kept"),
+    [
+        (None, None, 1.0),
+        ("always_off", None, 0.0),
+        ("traceidratio", "0.1", 0.1),
+        ("parentbased_traceidratio", "0.1", 0.1),
+        ("parentbased_traceidratio", None, 1.0),
+        ("parentbased_always_off", None, 0.0),
+    ],
+)
+def test_the_sampler_is_the_standard_variables(
+    monkeypatch: pytest.MonkeyPatch, name: str | None, arg: str | None, roots_kept: float
+) -> None:
+    """OTEL_TRACES_SAMPLER and its argument choose the sampler as the standard says: of
+    10,000 root traces about the ratio is kept; under a sampled parent, parentbased_*
+    always keeps the child."""
+    for variable, value in (("OTEL_TRACES_SAMPLER", name), ("OTEL_TRACES_SAMPLER_ARG", arg)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    sampler = telemetry.sampler_for(load_settings())
+    kept = sum(
+        sampler.should_sample(None, uuid.uuid4().int >> 64, "consume").decision in SAMPLED
+        for _ in range(10_000)
+    )
+    assert abs(kept / 10_000 - roots_kept) < 0.02
+    if name is not None and name.startswith("parentbased") and name != "parentbased_always_off":
+        parent = trace.set_span_in_context(
+            trace.NonRecordingSpan(
+                trace.SpanContext(1, 2, is_remote=True, trace_flags=trace.TraceFlags(1))
+            )
+        )
+        assert sampler.should_sample(parent, 1, "consume").decision in SAMPLED
