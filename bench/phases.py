@@ -232,6 +232,29 @@ class Bench:
             await self._stop(children)
         return scan, run
 
+    async def traced(self, ratio: float) -> tuple[ConsumeRun, int]:
+        """The backlog drain of one consumer that traces, ``ratio`` of its traces sampled,
+        exporting over OTLP/HTTP to a sink that discards them; the spans it was sent."""
+        name = self._name(f"otlp-sink-{ratio:g}")
+        port_file, out = self.procs.logs / f"{name}.port", self.procs.logs / f"{name}.json"
+        sink = self.procs.start(
+            name, "bench.sink", "--port-file", str(port_file), "--out", str(out)
+        )
+        try:
+            async with asyncio.timeout(30):
+                while not port_file.exists() or not port_file.read_text():
+                    self.procs.check_alive([sink])
+                    await asyncio.sleep(POLL_SECONDS / 2)
+            env = {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port_file.read_text()}",
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": f"{ratio:g}",
+            }
+            _, run = await self.backlog(1, env)
+        finally:
+            await self._stop([sink])
+        return run, int(json.loads(out.read_text())["spans"])
+
     async def locked_rows(self, share: float, held: float, env: Mapping[str, str]) -> LockedRun:
         """The scan publishes N due holds; another transaction row-locks ``share`` of them;
         one consumer starts; the locks are released (rolled back) ``held`` s later."""

@@ -9,6 +9,7 @@ from typing import Any
 UNIT_FORMATS = {
     "/s": "{:,.0f}",
     "holds": "{:,.0f}",
+    "spans": "{:,.0f}",
     "s": "{:.2f}",
     "MB": "{:.0f}",
     "%": "{:.0f}",

@@ -116,8 +116,22 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
     scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
     record_scan(results, scan, say)
     record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
+    await traced(bench, results, say)
     await locked_rows(bench, options, results, say)
     await sustained(bench, options, results, say)
+
+
+TRACE_RATIOS = {"trace100": 1.0, "trace10": 0.1}
+
+
+async def traced(bench: Bench, results: Results, say: Say) -> None:
+    """1 consumer tracing (OTLP to a sink that discards), 100% and 10% of traces sampled."""
+    for key, sampled in TRACE_RATIOS.items():
+        run, spans = await bench.traced(sampled)
+        label = f"1 consumer, tracing {sampled:.0%} sampled"
+        record_consume(results, key, label, run, say)
+        results.add(f"spans.{key}", "  spans exported (to a sink that discards)", "spans", spans)
+        say(f"                   {spans:,} spans exported")
 
 
 LOCKED_SHARE = 0.05
@@ -216,8 +230,10 @@ def targets(results: Results, options: Options) -> list[Check]:
             times=True,
         ),
         ratio_check(
-            results, "end-to-end, 1 consumer vs raw consume + ack", "e2e.k1", "raw.consume", 0.7
+            results, "end-to-end, 1 consumer vs raw consume + ack", "e2e.k1", "raw.consume", 0.75
         ),
+        ratio_check(results, "tracing 100% sampled vs tracing off", "e2e.trace100", "e2e.k1", 0.7),
+        ratio_check(results, "tracing 10% sampled vs tracing off", "e2e.trace10", "e2e.k1", 0.9),
     ]
     checks += [
         ratio_check(results, f"end-to-end, {count} consumers vs 1", f"e2e.k{count}", "e2e.k1", 1.0)
@@ -227,6 +243,13 @@ def targets(results: Results, options: Options) -> list[Check]:
     budget = LAG_BUDGET_SECONDS + options.scan_every
     checks += [
         ratio_check(results, "scan vs raw publish with confirms", "scan.rate", "raw.publish", 0.8),
+        ratio_check(
+            results,
+            "scan while consumers run vs raw publish",
+            "sustained.scan",
+            "raw.publish",
+            0.8,
+        ),
         below_check(
             results,
             f"scan peak RSS, {options.scan_holds:,} due holds",
