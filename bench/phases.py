@@ -280,9 +280,14 @@ class Bench:
         free = await db.expired_window_except(self.conn, locked)
         return LockedRun(holds, len(locked), held, at_release, free, locked_done)
 
-    async def sustained(self) -> SustainedRun:
-        """Holds due at ``rate``/s for ``duration`` s; the scan every ``scan_every`` s."""
+    async def sustained(
+        self, rate: int | None = None, duration: float | None = None
+    ) -> SustainedRun:
+        """Holds due at ``rate``/s for ``duration`` s (default: the options'); the scan
+        every ``scan_every`` s, the largest number of consumers of the run."""
         options = self.options
+        rate = rate or options.rate
+        holds = max(1, round(rate * (duration or options.duration)))
         await db.reset(self.conn)
         children = await self._consumers(options.sustained_consumers, {})
         scanner = self.procs.start(
@@ -290,10 +295,8 @@ class Bench:
         )
         try:
             await self._first_scan(scanner, children)
-            await db.insert_spread(
-                self.conn, options.sustained_holds, lead=SUSTAINED_LEAD_SECONDS, rate=options.rate
-            )
-            run = await self._work_off(children, options.sustained_holds, also=[scanner])
+            await db.insert_spread(self.conn, holds, lead=SUSTAINED_LEAD_SECONDS, rate=rate)
+            run = await self._work_off(children, holds, also=[scanner])
         finally:
             await self._stop([scanner, *children])
         passes = scan_passes(scanner.log)

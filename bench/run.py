@@ -119,6 +119,32 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
     await traced(bench, results, say)
     await locked_rows(bench, options, results, say)
     await sustained(bench, options, results, say)
+    await capacity(bench, options, results, say)
+
+
+LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
+
+
+async def capacity(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """The highest steady rate of due holds at which the p99 lag (deadline to expired)
+    stays within the scan interval + 1 s: bisection between nothing and this
+    repetition's raw publish rate (5 probes, 3 with --quick: within 1/32 or 1/8 of it),
+    each holds coming due for half the sustained run's duration."""
+    ceiling = results.figures["raw.publish"].by_repetition()[results.repetition]
+    objective = options.scan_every + LAG_OBJECTIVE_SECONDS
+    low, high = 0, round(ceiling)
+    for _ in range(3 if options.quick else 5):
+        rate = max(1, (low + high) // 2)
+        run = await bench.sustained(rate, options.duration / 2)
+        within = run.lag.p99 <= objective
+        say(
+            f"  capacity probe   {rate:,}/s for {options.duration / 2:g}s: lag p99 "
+            f"{run.lag.p99:.2f}s, {'within' if within else 'over'} {objective:g}s"
+        )
+        low, high = (rate, high) if within else (low, rate)
+    label = f"capacity at lag p99 <= {objective:g}s, {consumers_label(options.sustained_consumers)}"
+    results.add("capacity.rate", f"{label} + 1 scanner", "/s", low)
+    say(f"  capacity         {low:,}/s ({label} and one scanner every {options.scan_every:g}s)")
 
 
 TRACE_RATIOS = {"trace100": 1.0, "trace10": 0.1}
@@ -231,6 +257,13 @@ def targets(results: Results, options: Options) -> list[Check]:
         ),
         ratio_check(
             results, "end-to-end, 1 consumer vs raw consume + ack", "e2e.k1", "raw.consume", 0.75
+        ),
+        ratio_check(
+            results,
+            "capacity at the lag objective vs raw publish with confirms",
+            "capacity.rate",
+            "raw.publish",
+            0.6,
         ),
         ratio_check(results, "tracing 100% sampled vs tracing off", "e2e.trace100", "e2e.k1", 0.7),
         ratio_check(results, "tracing 10% sampled vs tracing off", "e2e.trace10", "e2e.k1", 0.9),

@@ -22,6 +22,7 @@ from service.core.errors import (
     Disposition,
     PoisonMessage,
     PublishNotConfirmed,
+    RowLocked,
     UnknownReservation,
 )
 
@@ -35,7 +36,7 @@ _DB_DATA = (
     asyncpg_base.DataError,
 )
 _DB_CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError, ConcurrentUpdate)
-_DB_TIMEOUT = (asyncpg.QueryCanceledError, asyncpg.LockNotAvailableError, TimeoutError)
+_DB_TIMEOUT = (asyncpg.QueryCanceledError, asyncpg.LockNotAvailableError, RowLocked, TimeoutError)
 _DB_UNAVAILABLE = (
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,

@@ -51,6 +51,11 @@ class ConcurrentUpdate(TransientError):
     """The reservation changed while it was being expired."""
 
 
+class RowLocked(TransientError):
+    """Another transaction holds the reservation's row, and every connection that may
+    wait for a row is waiting for one already."""
+
+
 class PublishNotConfirmed(ServiceError):
     """The broker did not confirm a publish (nack, return or timeout)."""
 

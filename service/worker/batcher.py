@@ -35,6 +35,12 @@ class BatchFallback(ServiceError):
     """This delivery must be handled on its own (its batch failed, or its result was ambiguous)."""
 
 
+class RowBusy(BatchFallback):
+    """Its row was held by another transaction (the batch skips such rows), or changed
+    under the batch: it is handled alone, waiting for its row if a connection is free
+    to wait, else retried later."""
+
+
 class ConsumerStopping(BatchFallback):
     """The consumer stopped before this delivery's batch ran (it is left to redelivery)."""
 
@@ -84,8 +90,8 @@ def settle_items(items: list[Item], rows: dict[UUID, BatchRow]) -> None:
         except UnknownReservation as exc:
             item.give(exc)
             continue
-        except ServiceError as exc:  # ambiguous (a concurrent change): decide it alone
-            item.give(BatchFallback(str(exc)))
+        except ServiceError as exc:  # a locked row, or a concurrent change: decide it alone
+            item.give(RowBusy(str(exc)))
             continue
         first[item.reservation_id] = expiry
         item.give(expiry)

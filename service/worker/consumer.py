@@ -32,7 +32,14 @@ from service.adapters.postgres import Expiry
 from service.core.domain import parse_command
 from service.core.errors import PoisonMessage
 from service.worker.acks import Acks
-from service.worker.batcher import Batcher, BatchFallback, ConsumerStopping, Item, Result
+from service.worker.batcher import (
+    Batcher,
+    BatchFallback,
+    ConsumerStopping,
+    Item,
+    Result,
+    RowBusy,
+)
 from service.worker.delivery import Delivery
 from service.worker.failpoints import Failpoints
 from service.worker.failures import Failures
@@ -111,10 +118,18 @@ class Consumer:
             self._ack(delivery, result)
 
     async def _alone(self, delivery: Delivery, why: BaseException) -> None:
-        """A delivery its batch could not decide, in a transaction of its own."""
+        """A delivery its batch could not decide, in a transaction of its own.
+
+        One whose row another transaction holds waits for it (up to the lock timeout)
+        only on a connection free to wait; when every such connection waits already,
+        it is retried later (``RowLocked``) instead of holding its place in the
+        prefetch window: locked rows never fill the window and stall the others.
+        """
         if delivery.reservation is None or not isinstance(why, BatchFallback):
             raise why  # e.g. an unknown reservation: a failure like any other
-        self._ack(delivery, await self.store.expire_one(delivery.reservation, delivery.attempt))
+        queue = not isinstance(why, RowBusy)
+        expiry = await self.store.expire_one(delivery.reservation, delivery.attempt, queue=queue)
+        self._ack(delivery, expiry)
 
     async def _suspect(self, delivery: Delivery) -> None:
         assert delivery.reservation is not None  # parsed before it was routed here

@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractExchange
 from opentelemetry import trace
 
 from service.adapters import amqp, postgres
+from service.core.errors import RowLocked
 from service.core.topology import DEAD_ROUTING_KEY, retry_routing_key
 from service.settings import Settings
 from service.worker.delivery import Attempt
@@ -34,8 +35,11 @@ class Store(Protocol):
         """The guarded update for distinct ids, one statement, one commit."""
         ...
 
-    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
-        """The guarded update for one reservation, in a transaction of its own."""
+    async def expire_one(
+        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+    ) -> postgres.Expiry:
+        """The guarded update for one reservation, in a transaction of its own; with
+        ``queue=False`` it raises ``RowLocked`` rather than wait for a connection."""
         ...
 
     async def mark_handling(self, key: str) -> int:
@@ -79,7 +83,11 @@ class PostgresStore:
         async with self.pool.acquire() as conn:
             return await postgres.expire_batch(conn, ids, message_ids, attempts, worker=self.worker)
 
-    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> postgres.Expiry:
+    async def expire_one(
+        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+    ) -> postgres.Expiry:
+        if not queue and self._alone.locked():
+            raise RowLocked
         with tracer.start_as_current_span(
             "expire reservation", attributes={"db.system": "postgresql"}
         ) as span:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service.adapters.metrics import Metrics
 from service.adapters.postgres import BatchRow, Expiry
 from service.core.domain import Outcome, command_body
-from service.core.errors import PublishNotConfirmed
+from service.core.errors import PublishNotConfirmed, RowLocked
 from service.settings import Settings
 from service.worker import failures as failures_module
 from service.worker.acks import AckAlone
@@ -72,6 +73,8 @@ class FakeStore:
     fail_alone: Exception | None = None
     handled: dict[str, int] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    locked: set[UUID] = field(default_factory=set)  # rows another transaction holds
+    no_waiting_room: bool = False  # every connection that may wait for a row waits
 
     async def expire_many(
         self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
@@ -82,16 +85,23 @@ class FakeStore:
         return {rid: self._row(rid) for rid in ids}
 
     def _row(self, rid: UUID) -> BatchRow:
+        if rid in self.locked:  # skipped by the batch: held and due, not won
+            return BatchRow(won=False, lag=None, status="held", due=True)
         status = self.status.get(rid)
         won = status == "held"
         if won:
             self.status[rid] = "expired"
         return BatchRow(won=won, lag=0.1 if won else None, status=self.status.get(rid), due=True)
 
-    async def expire_one(self, reservation_id: UUID, attempt: Attempt) -> Expiry:
-        self.calls.append("alone")
+    async def expire_one(
+        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+    ) -> Expiry:
+        self.calls.append("alone" if queue else "alone, not queued")
         if self.fail_alone is not None:
             raise self.fail_alone
+        if not queue and self.no_waiting_room:
+            raise RowLocked
+        self.locked.discard(reservation_id)  # it waited until the other committed
         row = self._row(reservation_id)
         if row.won:
             return Expiry(Outcome.EXPIRED, row.lag)
@@ -201,6 +211,22 @@ async def test_a_command_twice_in_one_batch_expires_once(
     await world.deliver(first, second, consumed)
     assert [m.settled for m in (first, second, consumed)] == [["ack"]] * 3
     assert sorted(outcomes(caplog)) == ["already-done", "expired", "not-eligible"]
+
+
+@pytest.mark.parametrize("room", [True, False])
+async def test_a_row_the_batch_skipped_waits_alone_only_if_there_is_room(
+    world: World, room: bool
+) -> None:
+    """A row another transaction holds: its neighbours are acked from the batch; it goes
+    on alone, waiting for its row where a connection is free to wait, else retried later
+    (its place in the prefetch window freed)."""
+    locked, free = command(world.store), command(world.store)
+    world.store.locked.add(UUID(json.loads(locked.body)["reservation_id"]))
+    world.store.no_waiting_room = not room
+    await world.deliver(locked, free)
+    assert world.store.calls == ["batch of 2", "alone, not queued"]
+    assert (locked.settled, free.settled) == (["ack"], ["ack"])
+    assert len(world.publisher.retries) == (0 if room else 1)
 
 
 async def test_at_info_each_delivery_is_counted_in_a_summary_not_logged(
