@@ -120,15 +120,15 @@ class Consumer:
     async def _alone(self, delivery: Delivery, why: BaseException) -> None:
         """A delivery its batch could not decide, in a transaction of its own.
 
-        One whose row another transaction holds waits for it (up to the lock timeout)
-        only on a connection free to wait; when every such connection waits already,
-        it is retried later (``RowLocked``) instead of holding its place in the
-        prefetch window: locked rows never fill the window and stall the others.
+        One whose row another transaction held (``RowBusy``) waits for it briefly, and
+        only on a connection free to wait, else it is retried later: a locked row
+        never holds its place in the prefetch window, nor its neighbours' acks, for
+        longer than that.
         """
         if delivery.reservation is None or not isinstance(why, BatchFallback):
             raise why  # e.g. an unknown reservation: a failure like any other
-        queue = not isinstance(why, RowBusy)
-        expiry = await self.store.expire_one(delivery.reservation, delivery.attempt, queue=queue)
+        busy = isinstance(why, RowBusy)
+        expiry = await self.store.expire_one(delivery.reservation, delivery.attempt, busy=busy)
         self._ack(delivery, expiry)
 
     async def _suspect(self, delivery: Delivery) -> None:

@@ -21,6 +21,7 @@ from service.adapters import amqp, postgres
 from service.core.errors import RowLocked
 from service.core.topology import DEAD_ROUTING_KEY, retry_routing_key
 from service.settings import Settings
+from service.worker.acks import STUCK_AFTER_SECONDS
 from service.worker.delivery import Attempt
 
 tracer = trace.get_tracer("service.consume")
@@ -36,10 +37,11 @@ class Store(Protocol):
         ...
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
     ) -> postgres.Expiry:
-        """The guarded update for one reservation, in a transaction of its own; with
-        ``queue=False`` it raises ``RowLocked`` rather than wait for a connection."""
+        """The guarded update for one reservation, in a transaction of its own. ``busy``:
+        another transaction was holding its row; wait for it only briefly, and raise
+        ``RowLocked`` rather than wait for a connection."""
         ...
 
     async def mark_handling(self, key: str) -> int:
@@ -76,6 +78,9 @@ class PostgresStore:
         # A delivery alone may wait on a row lock for up to the lock timeout: however
         # many do, ``for_batches`` of the pool's connections are left to the batches.
         self._alone = asyncio.Semaphore(max(1, settings.db_pool_size - for_batches))
+        # A delivery whose row was held waits for it no longer than it may hold back
+        # its neighbours' coalesced acks; then it is retried later.
+        self.busy_wait_ms = min(settings.lock_timeout_ms, round(STUCK_AFTER_SECONDS * 1000))
 
     async def expire_many(
         self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
@@ -84,9 +89,9 @@ class PostgresStore:
             return await postgres.expire_batch(conn, ids, message_ids, attempts, worker=self.worker)
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
     ) -> postgres.Expiry:
-        if not queue and self._alone.locked():
+        if busy and self._alone.locked():
             raise RowLocked
         with tracer.start_as_current_span(
             "expire reservation", attributes={"db.system": "postgresql"}
@@ -98,6 +103,7 @@ class PostgresStore:
                     message_id=attempt.message_id,
                     attempt=attempt.number,
                     worker=self.worker,
+                    lock_wait_ms=self.busy_wait_ms if busy else None,
                 )
             span.set_attribute("expiry.outcome", expiry.outcome.value)
             return expiry

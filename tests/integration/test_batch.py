@@ -7,12 +7,14 @@ import uuid
 from collections.abc import AsyncIterator
 from uuid import UUID
 
+import asyncpg
 import pytest
 
 from service.adapters import postgres
 from service.core.domain import Outcome, command_body
 from service.core.errors import UnknownReservation
 from service.worker.batcher import Batcher, BatchFallback
+from service.worker.delivery import Attempt
 from service.worker.ports import PostgresStore
 from tests.support import (
     Stack,
@@ -152,6 +154,32 @@ async def test_consumer_with_a_locked_row_in_its_batch(stack: Stack) -> None:
         await eventually(lambda: _expired(stack, 30), timeout=30)
     assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
     assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+
+
+async def test_a_busy_row_is_waited_for_only_briefly(stack: Stack) -> None:
+    """Alone after its batch skipped it, a delivery waits for a row another transaction
+    holds no longer than it may hold back its neighbours' acks (the lock timeout is a
+    minute here): then LockNotAvailable, a transient error, retried later."""
+    settings = stack.settings.model_copy(
+        update={"lock_timeout_ms": 60_000, "statement_timeout_ms": 60_000}
+    )
+    pool = await postgres.create_pool(settings, application_name="test-batch", size=2)
+    store = PostgresStore(pool, settings)
+    [rid] = await insert_holds(stack.database_url, 1)
+    try:
+        async with pg_connection(stack.database_url) as support:
+            tx = support.transaction()
+            await tx.start()
+            await support.execute("SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE", rid)
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                async with asyncio.timeout(30):
+                    await store.expire_one(rid, Attempt(1, 0, "m-1"), busy=True)
+            await tx.rollback()
+        expiry = await store.expire_one(rid, Attempt(2, 0, "m-1"), busy=True)
+    finally:
+        await pool.close()
+    assert expiry.outcome is Outcome.EXPIRED
+    assert store.busy_wait_ms < 1000
 
 
 async def test_more_locked_rows_than_connections_leave_the_batches_theirs(stack: Stack) -> None:

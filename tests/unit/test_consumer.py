@@ -94,12 +94,12 @@ class FakeStore:
         return BatchRow(won=won, lag=0.1 if won else None, status=self.status.get(rid), due=True)
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, queue: bool = True
+        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
     ) -> Expiry:
-        self.calls.append("alone" if queue else "alone, not queued")
+        self.calls.append("alone, busy" if busy else "alone")
         if self.fail_alone is not None:
             raise self.fail_alone
-        if not queue and self.no_waiting_room:
+        if busy and self.no_waiting_room:
             raise RowLocked
         self.locked.discard(reservation_id)  # it waited until the other committed
         row = self._row(reservation_id)
@@ -224,7 +224,7 @@ async def test_a_row_the_batch_skipped_waits_alone_only_if_there_is_room(
     world.store.locked.add(UUID(json.loads(locked.body)["reservation_id"]))
     world.store.no_waiting_room = not room
     await world.deliver(locked, free)
-    assert world.store.calls == ["batch of 2", "alone, not queued"]
+    assert world.store.calls == ["batch of 2", "alone, busy"]
     assert (locked.settled, free.settled) == (["ack"], ["ack"])
     assert len(world.publisher.retries) == (0 if room else 1)
 

@@ -64,10 +64,27 @@ class Expiry:
 
 
 async def expire_reservation(
-    conn: Connection, reservation_id: UUID, *, message_id: str, attempt: int, worker: str
+    conn: Connection,
+    reservation_id: UUID,
+    *,
+    message_id: str,
+    attempt: int,
+    worker: str,
+    lock_wait_ms: int | None = None,
 ) -> Expiry:
-    """Run the guarded transition; return what happened (raises for unknown ids)."""
-    row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
+    """Run the guarded transition; return what happened (raises for unknown ids).
+
+    ``lock_wait_ms``: wait at most that long for a row another transaction holds
+    (instead of the session's lock timeout), then raise ``LockNotAvailableError``.
+    """
+    if lock_wait_ms is None:
+        row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
+    else:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
+            row = await conn.fetchrow(
+                EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker
+            )
     assert row is not None  # the LEFT JOIN always yields one row
     won, status, due = bool(row["won"]), row["status"], bool(row["due"])
     if not won and status == "held" and due:
