@@ -19,7 +19,7 @@ import asyncpg
 
 from bench import cpu, report, run
 from bench.amqp import Probe
-from bench.config import Endpoints, Options, endpoints_from
+from bench.config import PHASES, Endpoints, Options, endpoints_from
 from bench.machine import Machine, describe
 from bench.phases import Bench
 from bench.procs import Processes, child_env
@@ -89,10 +89,27 @@ def parser() -> argparse.ArgumentParser:
         help="a service setting for every scan and consumer (repeatable); default: none",
     )
     add("--quick", action="store_true", help="small sizes for a smoke run (one repetition)")
+    add(
+        "--only",
+        type=_phases,
+        default=frozenset(),
+        metavar="PHASE[,PHASE...]",
+        help=f"only these phases (and the raw limits): {', '.join(PHASES)}; default: all",
+    )
     add("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     add("--markdown", type=Path, metavar="FILE", help="write the tables as Markdown to FILE")
     add("--keep-logs", action="store_true", help="keep the processes' logs")
     return p
+
+
+def _phases(text: str) -> frozenset[str]:
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(PHASES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown phase {', '.join(unknown) or '(none)'}: one of {', '.join(PHASES)}"
+        )
+    return names
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -114,6 +131,7 @@ def options_from(args: argparse.Namespace) -> Options:
         quick=args.quick,
         json_path=args.json,
         overrides=tuple(args.env),
+        only=tuple(sorted(args.only)),
     )
 
 

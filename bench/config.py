@@ -32,6 +32,10 @@ def endpoints_from(env: Mapping[str, str]) -> Endpoints:
     )
 
 
+# What --only may name (the raw limits always run: every ratio needs them).
+PHASES = ("backlog", "per-message", "traced", "locked", "sustained", "capacity", "scan-memory")
+
+
 @dataclass(frozen=True)
 class Options:
     """The sizes of one run."""
@@ -46,6 +50,11 @@ class Options:
     quick: bool
     json_path: Path | None
     overrides: tuple[tuple[str, str], ...] = ()  # EXPIRY_* settings for every service process
+    only: tuple[str, ...] = ()  # the phases to run (empty: all); the limits always run
+
+    def runs(self, phase: str) -> bool:
+        """Whether ``phase`` (one of ``PHASES``) is measured in this run."""
+        return not self.only or phase in self.only
 
     @property
     def sustained_holds(self) -> int:

@@ -108,18 +108,25 @@ async def limits(bench: Bench, results: Results, say: Say) -> None:
 
 
 async def service_runs(bench: Bench, options: Options, results: Results, say: Say) -> None:
-    """The real commands: batched consumers (each K), the per-message path, the sustained run."""
-    for count in options.consumers:
-        scan, run = await bench.backlog(count)
+    """The real commands: batched consumers (each K), the per-message path, tracing, locked
+    rows, the sustained run and the capacity search (those ``--only`` names, if given)."""
+    if options.runs("backlog"):
+        for count in options.consumers:
+            scan, run = await bench.backlog(count)
+            record_scan(results, scan, say)
+            record_consume(results, f"k{count}", f"{consumers_label(count)} (default)", run, say)
+    if options.runs("per-message"):
+        scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
         record_scan(results, scan, say)
-        record_consume(results, f"k{count}", f"{consumers_label(count)} (default)", run, say)
-    scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
-    record_scan(results, scan, say)
-    record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
-    await traced(bench, results, say)
-    await locked_rows(bench, options, results, say)
-    await sustained(bench, options, results, say)
-    await capacity(bench, options, results, say)
+        record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
+    if options.runs("traced"):
+        await traced(bench, results, say)
+    if options.runs("locked"):
+        await locked_rows(bench, options, results, say)
+    if options.runs("sustained"):
+        await sustained(bench, options, results, say)
+    if options.runs("capacity"):
+        await capacity(bench, options, results, say)
 
 
 LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
@@ -239,8 +246,9 @@ async def measure(bench: Bench, options: Options, say: Say) -> Results:
         await limits(bench, results, say)
         await service_runs(bench, options, results, say)
     results.repetition = 0  # once, after the repetitions
-    say("\nscan memory")
-    await scan_memory(bench, options, results, say)
+    if options.runs("scan-memory"):
+        say("\nscan memory")
+        await scan_memory(bench, options, results, say)
     return results
 
 

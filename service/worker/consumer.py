@@ -120,10 +120,10 @@ class Consumer:
     async def _alone(self, delivery: Delivery, why: BaseException) -> None:
         """A delivery its batch could not decide, in a transaction of its own.
 
-        One whose row another transaction held (``RowBusy``) waits for it briefly, and
-        only on a connection free to wait, else it is retried later: a locked row
-        never holds its place in the prefetch window, nor its neighbours' acks, for
-        longer than that.
+        One whose row another transaction held (``RowBusy``) is tried once more without
+        waiting for the row, and only on a connection free for it, else it is retried
+        later: a locked row never holds its place in the prefetch window, nor its
+        neighbours' coalesced acks.
         """
         if delivery.reservation is None or not isinstance(why, BatchFallback):
             raise why  # e.g. an unknown reservation: a failure like any other

@@ -25,6 +25,8 @@ FIGURES = [
     "scan.rate",
     "scan.rss",
     *(f"{what}.{run}" for run in ("k1", "k2", "per_message") for what in RUN_FIGURES),
+    *(f"{what}.trace100" for what in (*RUN_FIGURES, "spans")),
+    *(f"{what}.trace10" for what in (*RUN_FIGURES, "spans")),
     "locked.rate",
     "locked.at_release",
     "locked.after",
@@ -36,6 +38,7 @@ FIGURES = [
     "sustained.rss",
     "sustained.scan",
     "machine.sustained",
+    "capacity.rate",
     "scan_memory.rss",
     "scan_memory.rate",
 ]
@@ -71,7 +74,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert document["machine"]["postgresql"]
     assert document["machine"]["rabbitmq"]
     targets = [TARGET_LINE.match(line) for line in section(result.stdout, "targets (")]
-    assert len(targets) == 6
+    assert len(targets) == 10
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
     assert len(ratios) == 5
