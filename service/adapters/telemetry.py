@@ -218,6 +218,14 @@ def sampler_for(settings: Settings) -> sampling.Sampler:
     return samplers[name]()
 
 
+def consumer_tracer() -> trace.Tracer | None:
+    """The tracer of the consumer's spans, or ``None`` when no tracing is installed (the
+    consumer then starts no span at all)."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return trace.get_tracer("service.consume")
+
+
 def setup_tracing(
     settings: Settings, role: str, exporter: SpanExporter | None = None
 ) -> TracerProvider | None:
@@ -248,12 +256,21 @@ def setup_tracing(
 
 
 def instrument() -> None:
-    """Trace aio-pika publishes and consumes (W3C context in headers) and asyncpg queries."""
+    """Trace aio-pika publishes (W3C context in headers) and asyncpg queries.
+
+    Not aio-pika's consumes: its consumer span ends when the callback returns, so the
+    callback would have to wait for each delivery's handling (a task and a future per
+    delivery, off the batched fast path). The consumer starts and ends its own span
+    per delivery instead (``service.worker.delivery``).
+    """
+    import aio_pika
     from opentelemetry.instrumentation.aio_pika import AioPikaInstrumentor
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+    from opentelemetry.instrumentation.utils import unwrap
 
     if not AioPikaInstrumentor().is_instrumented_by_opentelemetry:
         AioPikaInstrumentor().instrument()
+        unwrap(aio_pika.Queue, "consume")
     asyncpg_instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
     if not asyncpg_instrumentor.is_instrumented_by_opentelemetry:
         asyncpg_instrumentor.instrument()  # statements only, never their parameters

@@ -13,9 +13,10 @@ carries, and however it is batched or traced, it takes one path:
 5. a failure is retried or dead-lettered (``Failures``); anything unexpected
    rejects it for good, so that the broker dead-letters it.
 
-Steps 2, 3 and 5 run in a task of the delivery's own; step 4 needs none. When
-the consumer span records, the broker's callback waits until the delivery
-ends, so that the span covers the whole job.
+Steps 2, 3 and 5 run in a task of the delivery's own; step 4 needs none, traced
+or not. A traced delivery's consumer span starts when it arrives and ends when
+its handling ends (``Delivery``): nothing waits for it, and the batch's database
+span links to the spans of its deliveries.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from service.adapters import amqp
 from service.adapters.postgres import Expiry
@@ -63,6 +66,7 @@ class Consumer:
         reporter: Reporter,
         failpoints: Failpoints,
         in_flight: InFlight,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.batcher = batcher
         self.store = store
@@ -72,10 +76,11 @@ class Consumer:
         self.reporter = reporter
         self.failpoints = failpoints
         self.in_flight = in_flight
+        self.tracer = tracer  # None: no tracing, no span per delivery
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """The broker's callback: route the delivery; wait for it only when traced."""
-        delivery = Delivery.of(message)
+        """The broker's callback: route the delivery (it never waits for its handling)."""
+        delivery = Delivery.of(message, self.tracer)
         self.in_flight.begin()
         try:
             self.reporter.arrived(delivery)
@@ -83,8 +88,6 @@ class Consumer:
         except Exception as exc:  # a bug before it was handed on: it must still be settled
             self.reporter.unhandled(delivery, exc)
             self._in_task(delivery, self.failures.reject_for_good(delivery, "unhandled"))
-        if delivery.done is not None:
-            await delivery.done
 
     def _route(self, delivery: Delivery) -> None:
         try:
@@ -105,6 +108,7 @@ class Consumer:
                 delivery.attempt.number,
                 functools.partial(self._decided, delivery),
                 delivery.span.get_span_context(),
+                delivery.trace_context or otel_context.Context(),
             )
         )
 

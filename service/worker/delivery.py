@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import time
@@ -11,7 +10,9 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from aio_pika.abc import AbstractIncomingMessage
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
 from service.core.errors import ServiceError
@@ -23,6 +24,7 @@ from service.core.inputs import (
     recent_millis,
     text_of,
 )
+from service.core.topology import QUEUE
 
 log = logging.getLogger("service.consume")
 
@@ -79,16 +81,18 @@ def short_reason(exc: BaseException) -> str:
 class Delivery:
     """One delivery being handled.
 
-    ``span`` is the consumer span it arrived in (a non-recording one when
-    tracing is off); when it records, ``done`` lets the broker's callback wait
-    until the delivery is settled, so that the span covers the whole job.
+    ``span`` is its consumer span (a non-recording one when tracing is off or the
+    trace is not sampled): started when it arrives, as a child of the trace context
+    its headers carry, and ended when its handling ends (acked, or settled
+    otherwise), so that it covers the whole job without anything waiting for it.
+    ``trace_context`` holds it for the batch's span and the delivery's own task.
     """
 
     message: AbstractIncomingMessage
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
-    done: asyncio.Future[None] | None = None
+    trace_context: otel_context.Context | None = None  # traced: its span's context
     context: contextvars.Context | None = None  # traced: what its own task runs in
     reservation: UUID | None = None  # once its body parsed
     settling: bool = False  # an ack, nack or reject was sent (or tried): never another
@@ -96,13 +100,20 @@ class Delivery:
     ended: bool = field(default=False, repr=False)
 
     @classmethod
-    def of(cls, message: AbstractIncomingMessage) -> Delivery:
-        """A delivery that has just arrived, in the current span."""
-        span = trace.get_current_span()
-        delivery = cls(message, attempt_of(message), time.monotonic(), span)
+    def of(cls, message: AbstractIncomingMessage, tracer: trace.Tracer | None) -> Delivery:
+        """A delivery that has just arrived; its consumer span starts when ``tracer``."""
+        delivery = cls(message, attempt_of(message), time.monotonic())
+        if tracer is None:
+            return delivery
+        parent = propagate.extract(message.headers or {})  # untrusted: see propagation.py
+        span = tracer.start_span(
+            f"{message.exchange or QUEUE} process", context=parent, kind=SpanKind.CONSUMER
+        )
         if span.is_recording():
-            delivery.done = asyncio.get_running_loop().create_future()
+            delivery.span = span
+            delivery.trace_context = trace.set_span_in_context(span, parent)
             delivery.context = contextvars.copy_context()
+            delivery.context.run(otel_context.attach, delivery.trace_context)
         return delivery
 
     @property
@@ -119,6 +130,6 @@ class Delivery:
         if self.ended:
             return False
         self.ended = True
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
+        if self.span.is_recording():
+            self.span.end()
         return True

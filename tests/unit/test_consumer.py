@@ -350,15 +350,21 @@ async def test_a_delivery_whose_batch_never_ran_is_left_to_redelivery(world: Wor
     assert len(world.in_flight) == 0
 
 
-async def test_a_traced_delivery_is_waited_for_by_its_callback(world: World) -> None:
-    """With a recording span, the broker's callback returns only once the delivery is
-    acked, so that the consumer span covers the whole job, and it carries the outcome."""
-    tracer = TracerProvider().get_tracer("test")
+async def test_a_traced_delivery_is_one_span_from_arrival_to_ack(world: World) -> None:
+    """With tracing, a delivery still joins its batch and the broker's callback returns at
+    once; its consumer span starts then and ends when it is acked, carrying the
+    outcome."""
+    exporter = InMemorySpanExporter()
+    world.consumer.tracer = _traced(exporter)
     message = command(world.store)
-    with tracer.start_as_current_span("expirations receive") as span:
-        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
-        assert message.settled == ["ack"]
-    attributes = dict(getattr(span, "attributes", {}) or {})
+    await world.consumer.on_message(cast(AbstractIncomingMessage, message))
+    assert (message.settled, exporter.get_finished_spans()) == ([], ())  # not waited for
+    await world.deliver()
+    assert message.settled == ["ack"]
+    assert world.store.calls == ["batch of 1"]
+    [span] = exporter.get_finished_spans()
+    assert (span.name, span.kind) == ("expirations process", trace.SpanKind.CONSUMER)
+    attributes = dict(span.attributes or {})
     assert attributes["expiry.outcome"] == "expired"
     assert attributes["expiry.attempt"] == 1
 
@@ -376,9 +382,9 @@ async def test_a_traced_job_carries_the_messaging_conventions_and_no_invented_on
     exchange as destination, the routing key, the delivery tag), ours under expiry.*."""
     exporter = InMemorySpanExporter()
     message = command(world.store, delivery_tag=7)
-    with _traced(exporter).start_as_current_span("expirations process"):
-        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
-    [span] = exporter.get_finished_spans()
+    world.consumer.tracer = _traced(exporter)
+    await world.deliver(message)
+    [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
     attributes = dict(span.attributes or {})
     assert {k: v for k, v in attributes.items() if k.startswith("messaging.")} == {
         "messaging.system": "rabbitmq",
@@ -412,9 +418,9 @@ async def test_a_retried_or_dead_lettered_job_ends_its_span_in_error(
         message = command(world.store)
     else:
         message = FakeMessage(b'{"reservation_id": "customer-name-here"}')
-    with _traced(exporter).start_as_current_span("expirations process"):
-        await world.consumer.on_message(cast(AbstractIncomingMessage, message))
-    [span] = exporter.get_finished_spans()
+    world.consumer.tracer = _traced(exporter)
+    await world.deliver(message)
+    [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
     attributes = dict(span.attributes or {})
     assert span.status.status_code is trace.StatusCode.ERROR
     assert (attributes["error.type"], attributes["expiry.outcome"]) == (error_type, outcome)
