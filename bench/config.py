@@ -33,7 +33,16 @@ def endpoints_from(env: Mapping[str, str]) -> Endpoints:
 
 
 # What --only may name (the raw limits always run: every ratio needs them).
-PHASES = ("backlog", "per-message", "traced", "locked", "sustained", "capacity", "scan-memory")
+PHASES = (
+    "backlog",
+    "per-message",
+    "peer",
+    "traced",
+    "locked",
+    "sustained",
+    "capacity",
+    "scan-memory",
+)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import asyncpg
 from bench import cpu, db
 from bench.amqp import Probe
 from bench.config import Options
-from bench.procs import Child, ChildFailed, Processes, Usage
+from bench.procs import Child, ChildFailed, Processes, Usage, tree_usage
 from bench.raw import Measured
 from service.core.topology import QUEUE
 
@@ -254,6 +254,34 @@ class Bench:
         finally:
             await self._stop([sink])
         return run, int(json.loads(out.read_text())["spans"])
+
+    async def peer(self) -> ConsumeRun:
+        """Dramatiq doing the same job (``bench/peer.py``): N due holds, one message
+        each, enqueued first; then its default worker works them off."""
+        holds = self.options.holds
+        await db.reset(self.conn)
+        await db.insert_due(self.conn, holds)
+        await self.procs.run(
+            self._name("peer-enqueue"), "bench.peer", "enqueue", timeout=SCAN_TIMEOUT_SECONDS
+        )
+        worker = self.procs.start(self._name("peer-dramatiq"), "dramatiq", "bench.peer")
+        try:
+            # From its first expiry: its processes' start (imports) is not the job.
+            await self._until_expired([worker], 1)
+            before, machine = tree_usage(worker.pid), cpu.snapshot(self.servers)
+            await self._until_expired([worker], holds)
+            after = tree_usage(worker.pid)
+            shares = cpu.shares(self.servers, machine, cpu.snapshot(self.servers))
+        finally:
+            await self.procs.stop([worker])  # Dramatiq's own exit code on SIGTERM is its own
+        return ConsumeRun(
+            1,
+            await db.expired_window(self.conn),
+            after.cpu_seconds - before.cpu_seconds,
+            after.peak_rss_mb,
+            0.0,
+            shares,
+        )
 
     async def locked_rows(self, share: float, held: float, env: Mapping[str, str]) -> LockedRun:
         """The scan publishes N due holds; another transaction row-locks ``share`` of them;

@@ -77,6 +77,32 @@ def usage_from_proc(pid: int) -> Usage:
     return Usage(cpu, peak_kb / 1024)
 
 
+def tree_usage(pid: int) -> Usage:
+    """CPU of a running process and of every process below it (``/proc``); the largest
+    peak RSS among them (a worker that forks its workers, as Dramatiq's does)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+    tree, grown = {pid}, True
+    while grown:
+        below = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grown = bool(below)
+    total, peak = 0.0, 0.0
+    for member in tree:
+        try:
+            usage = usage_from_proc(member)
+        except (OSError, ValueError, IndexError):
+            continue  # it has just exited
+        total += usage.cpu_seconds
+        peak = max(peak, usage.peak_rss_mb)
+    return Usage(total, peak)
+
+
 def usage_from_rusage(usage: resource.struct_rusage) -> Usage:
     """The same from ``wait4`` (``ru_maxrss`` is in KiB on Linux)."""
     return Usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)

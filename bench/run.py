@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 from bench.config import Options
@@ -119,6 +120,8 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
         scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
         record_scan(results, scan, say)
         record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
+    if options.runs("peer"):
+        await peer(bench, results, say)
     if options.runs("traced"):
         await traced(bench, results, say)
     if options.runs("locked"):
@@ -152,6 +155,23 @@ async def capacity(bench: Bench, options: Options, results: Results, say: Say) -
     label = f"capacity at lag p99 <= {objective:g}s, {consumers_label(options.sustained_consumers)}"
     results.add("capacity.rate", f"{label} + 1 scanner", "/s", low)
     say(f"  capacity         {low:,}/s ({label} and one scanner every {options.scan_every:g}s)")
+
+
+async def peer(bench: Bench, results: Results, say: Say) -> None:
+    """Dramatiq, its default worker, doing the same job on the same servers (if installed)."""
+    if importlib.util.find_spec("dramatiq") is None or importlib.util.find_spec("psycopg") is None:
+        say("  peer             Dramatiq: not installed (pip install '.[peer]'): skipped")
+        return
+    run = await bench.peer()
+    label = "end-to-end expirations/s, Dramatiq peer (default worker)"
+    results.add("e2e.peer", label, "/s", run.window.rate)
+    per_expiry = run.cpu_us_per_expiry
+    results.add("cpu_us.peer", "  peer CPU per expiry (all its processes)", "us", per_expiry)
+    say(
+        f"  peer             Dramatiq (its default worker: a process per core x 8 threads, a "
+        f"guarded UPDATE per message): {run.window.expired:,} in {run.window.seconds:.2f}s: "
+        f"{run.window.rate:,.0f}/s, {run.cpu_us_per_expiry:,.0f} us/expiry; {machine_line(run)}"
+    )
 
 
 TRACE_RATIOS = {"trace100": 1.0, "trace10": 0.1}
@@ -265,6 +285,14 @@ def targets(results: Results, options: Options) -> list[Check]:
         ),
         ratio_check(
             results, "end-to-end, 1 consumer vs raw consume + ack", "e2e.k1", "raw.consume", 0.75
+        ),
+        ratio_check(
+            results,
+            "end-to-end, 1 consumer vs the Dramatiq peer",
+            "e2e.k1",
+            "e2e.peer",
+            4,
+            times=True,
         ),
         ratio_check(
             results,

@@ -25,6 +25,8 @@ FIGURES = [
     "scan.rate",
     "scan.rss",
     *(f"{what}.{run}" for run in ("k1", "k2", "per_message") for what in RUN_FIGURES),
+    "e2e.peer",
+    "cpu_us.peer",
     *(f"{what}.trace100" for what in (*RUN_FIGURES, "spans")),
     *(f"{what}.trace10" for what in (*RUN_FIGURES, "spans")),
     "locked.rate",
@@ -74,7 +76,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert document["machine"]["postgresql"]
     assert document["machine"]["rabbitmq"]
     targets = [TARGET_LINE.match(line) for line in section(result.stdout, "targets (")]
-    assert len(targets) == 10
+    assert len(targets) == 11
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
     assert len(ratios) == 5
