@@ -41,6 +41,7 @@ PHASES = (
     "locked",
     "sustained",
     "capacity",
+    "scanners",
     "scan-memory",
 )
 

@@ -97,14 +97,9 @@ class SustainedRun:
 
     lag: db.Lag
     consume: ConsumeRun
-    scan_passes: int  # passes that published something
+    scan_passes: int  # passes that published something (all scanners)
     scan_published: int
-    scan_seconds: float  # the sum of those passes' durations
-
-    @property
-    def scan_rate(self) -> float:
-        """The scan's publish rate while the consumers run."""
-        return self.scan_published / self.scan_seconds if self.scan_seconds > 0 else 0.0
+    scan_rate: float  # publish rate while the consumers run: each scanner's, added up
 
 
 def scan_passes(log: Path) -> list[tuple[int, float]]:
@@ -112,6 +107,12 @@ def scan_passes(log: Path) -> list[tuple[int, float]]:
     text = log.read_text(errors="replace")
     found = ((int(m["n"]), float(m["seconds"])) for m in SCAN_LINE.finditer(text))
     return [(n, seconds) for n, seconds in found if n > 0]
+
+
+def _rate(passes: list[tuple[int, float]]) -> float:
+    """A scanner's publish rate over its passes (published / their seconds)."""
+    seconds = sum(s for _, s in passes)
+    return sum(n for n, _ in passes) / seconds if seconds > 0 else 0.0
 
 
 def scan_seconds(log: Path, fallback: float) -> tuple[int, float]:
@@ -309,31 +310,39 @@ class Bench:
         return LockedRun(holds, len(locked), held, at_release, free, locked_done)
 
     async def sustained(
-        self, rate: int | None = None, duration: float | None = None
+        self, rate: int | None = None, duration: float | None = None, scanners: int = 1
     ) -> SustainedRun:
-        """Holds due at ``rate``/s for ``duration`` s (default: the options'); the scan
-        every ``scan_every`` s, the largest number of consumers of the run."""
+        """Holds due at ``rate``/s for ``duration`` s (default: the options'); ``scanners``
+        scans every ``scan_every`` s, the largest number of consumers of the run."""
         options = self.options
         rate = rate or options.rate
         holds = max(1, round(rate * (duration or options.duration)))
         await db.reset(self.conn)
         children = await self._consumers(options.sustained_consumers, {})
-        scanner = self.procs.start(
-            self._name("scan-every"), "service.produce", "--every", f"{options.scan_every:g}"
-        )
+        scans = [
+            self.procs.start(
+                self._name(f"scan-every-{i}"),
+                "service.produce",
+                "--every",
+                f"{options.scan_every:g}",
+                env={"EXPIRY_WORKER_ID": f"bench-scanner-{i}"},
+            )
+            for i in range(1, scanners + 1)
+        ]
         try:
-            await self._first_scan(scanner, children)
+            for scanner in scans:
+                await self._first_scan(scanner, children)
             await db.insert_spread(self.conn, holds, lead=SUSTAINED_LEAD_SECONDS, rate=rate)
-            run = await self._work_off(children, holds, also=[scanner])
+            run = await self._work_off(children, holds, also=scans)
         finally:
-            await self._stop([scanner, *children])
-        passes = scan_passes(scanner.log)
+            await self._stop([*scans, *children])
+        passes = [scan_passes(scanner.log) for scanner in scans]
         return SustainedRun(
             await db.lag(self.conn),
             run,
-            len(passes),
-            sum(n for n, _ in passes),
-            sum(seconds for _, seconds in passes),
+            sum(len(p) for p in passes),
+            sum(n for p in passes for n, _ in p),
+            sum(_rate(p) for p in passes),  # scanners side by side: their rates add up
         )
 
     async def _consumers(self, count: int, env: Mapping[str, str]) -> list[Child]:

@@ -130,12 +130,16 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
         await sustained(bench, options, results, say)
     if options.runs("capacity"):
         await capacity(bench, options, results, say)
+    if options.runs("scanners"):
+        await capacity(bench, options, results, say, scanners=2)
 
 
 LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
 
 
-async def capacity(bench: Bench, options: Options, results: Results, say: Say) -> None:
+async def capacity(
+    bench: Bench, options: Options, results: Results, say: Say, scanners: int = 1
+) -> None:
     """The highest steady rate of due holds at which the p99 lag (deadline to expired)
     stays within the scan interval + 1 s: bisection between nothing and this
     repetition's raw publish rate (5 probes, 3 with --quick: within 1/32 or 1/8 of it),
@@ -145,7 +149,7 @@ async def capacity(bench: Bench, options: Options, results: Results, say: Say) -
     low, high = 0, round(ceiling)
     for _ in range(3 if options.quick else 5):
         rate = max(1, (low + high) // 2)
-        run = await bench.sustained(rate, options.duration / 2)
+        run = await bench.sustained(rate, options.duration / 2, scanners)
         within = run.lag.p99 <= objective
         say(
             f"  capacity probe   {rate:,}/s for {options.duration / 2:g}s: lag p99 "
@@ -153,8 +157,10 @@ async def capacity(bench: Bench, options: Options, results: Results, say: Say) -
         )
         low, high = (rate, high) if within else (low, rate)
     label = f"capacity at lag p99 <= {objective:g}s, {consumers_label(options.sustained_consumers)}"
-    results.add("capacity.rate", f"{label} + 1 scanner", "/s", low)
-    say(f"  capacity         {low:,}/s ({label} and one scanner every {options.scan_every:g}s)")
+    scanning = f"{scanners} scanner{'s' if scanners > 1 else ''}"
+    key = "capacity.rate" if scanners == 1 else f"capacity.scanners{scanners}"
+    results.add(key, f"{label} + {scanning}", "/s", low)
+    say(f"  capacity         {low:,}/s ({label} and {scanning} every {options.scan_every:g}s)")
 
 
 async def peer(bench: Bench, results: Results, say: Say) -> None:
@@ -336,6 +342,7 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
     pairs = [
         ("per-message path vs raw consume + ack", "e2e.per_message", "raw.consume"),
         ("1 consumer, 5% of rows locked (the others) vs none locked", "locked.rate", "e2e.k1"),
+        ("capacity, 2 scanners vs 1", "capacity.scanners2", "capacity.rate"),
         ("batched update (no broker) vs raw consume + ack", "db.batched", "raw.consume"),
         ("end-to-end, 1 consumer vs batched update (no broker)", "e2e.k1", "db.batched"),
         ("raw consume + ack vs raw publish with confirms", "raw.consume", "raw.publish"),

@@ -37,8 +37,8 @@ class BatchFallback(ServiceError):
 
 class RowBusy(BatchFallback):
     """Its row was held by another transaction (the batch skips such rows), or changed
-    under the batch: it is handled alone, waiting for its row if a connection is free
-    to wait, else retried later."""
+    under the batch: it is tried once more alone, hardly waiting for its row, and else
+    retried later."""
 
 
 class ConsumerStopping(BatchFallback):

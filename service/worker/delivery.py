@@ -92,7 +92,7 @@ class Delivery:
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
-    trace_context: otel_context.Context | None = None  # traced: its span's context
+    trace_context: otel_context.Context | None = None  # tracing on: its span's context
     context: contextvars.Context | None = None  # traced: what its own task runs in
     reservation: UUID | None = None  # once its body parsed
     settling: bool = False  # an ack, nack or reject was sent (or tried): never another
@@ -109,9 +109,10 @@ class Delivery:
         span = tracer.start_span(
             f"{message.exchange or QUEUE} process", context=parent, kind=SpanKind.CONSUMER
         )
+        # Unsampled too: what it leads to (its batch of one, say) follows its decision.
+        delivery.trace_context = trace.set_span_in_context(span, parent)
         if span.is_recording():
             delivery.span = span
-            delivery.trace_context = trace.set_span_in_context(span, parent)
             delivery.context = contextvars.copy_context()
             delivery.context.run(otel_context.attach, delivery.trace_context)
         return delivery

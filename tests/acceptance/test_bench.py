@@ -41,6 +41,7 @@ FIGURES = [
     "sustained.scan",
     "machine.sustained",
     "capacity.rate",
+    "capacity.scanners2",
     "scan_memory.rss",
     "scan_memory.rate",
 ]
@@ -79,7 +80,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert len(targets) == 11
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 5
+    assert len(ratios) == 6
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)

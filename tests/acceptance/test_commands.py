@@ -134,7 +134,10 @@ async def _depth_is(stack: Stack, depth: int) -> bool:
 
 
 async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(stack: Stack) -> None:
-    """SIGTERM while every prefetched delivery is mid-update: all finish, exit 0, none dead."""
+    """SIGTERM while every prefetched delivery is mid-update: all finish, exit 0, none dead.
+
+    The updates wait on a table lock (maintenance holding ``reservations``, say): a row
+    lock would not hold them, a batch skips locked rows."""
     ids = await insert_holds(stack.database_url, 20)
     env = stack.env(EXPIRY_PREFETCH="20", EXPIRY_LOCK_TIMEOUT_MS="30000")
     consumer = await start("service.consume", env=env)
@@ -143,10 +146,11 @@ async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(stack: 
         tx = support.transaction()
         await tx.start()
         rows = await support.fetch(
-            "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[]) FOR UPDATE", ids
+            "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
         )
+        await support.execute("LOCK TABLE reservations IN SHARE MODE")
         await publish_raw(stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows])
-        await asyncio.sleep(1.0)  # all 20 deliveries are now waiting on row locks
+        await asyncio.sleep(1.0)  # all 20 deliveries are now waiting on the table lock
         consumer.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.0)
         assert consumer.returncode is None  # still finishing what it holds

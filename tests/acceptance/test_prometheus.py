@@ -183,8 +183,8 @@ async def running(
 
 async def _locked_while(stack: Stack, seconds: float) -> None:
     """A command for a hold that another transaction has row-locked for ``seconds``: it
-    meets the lock timeout, is retried through a delay tier, and expires once the lock is
-    gone. (The scan skips locked rows, so the command is published here.)"""
+    is retried through a delay tier (db.timeout), and expires once the lock is gone.
+    (The scan skips locked rows, so the command is published here.)"""
     [rid] = await insert_holds(stack.database_url, 1)
     async with pg(stack.database_url) as conn, conn.transaction():
         hold_until = await conn.fetchval(

@@ -144,7 +144,7 @@ async def _ready_total_is(stack: Stack, total: int) -> bool:
 async def test_broker_connection_lost_mid_update(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The broker drops the connection while an update waits on a row lock.
+    """The broker drops the connection while an update waits on a lock.
 
     The in-flight delivery is abandoned (never acked on the new channel), the
     consumer comes back by itself, the redelivery settles it: one transition.
@@ -159,9 +159,11 @@ async def test_broker_connection_lost_mid_update(
         tx = support.transaction()
         await tx.start()
         hold_until = await support.fetchval(
-            "SELECT hold_until FROM reservations WHERE id = $1 FOR UPDATE", rid
+            "SELECT hold_until FROM reservations WHERE id = $1", rid
         )
-        # (A scan would skip the locked row, so the command is published directly.)
+        # A table lock: the update waits (a batch skips a row lock instead of waiting).
+        await support.execute("LOCK TABLE reservations IN SHARE MODE")
+        # (A scan would wait too, so the command is published directly.)
         await publish_raw(stack.amqp_url, [command_body(rid, hold_until)])
         await asyncio.sleep(0.5)  # the guarded update now waits on the row lock
         # The management API lists connections a few seconds late: retry until one closes.

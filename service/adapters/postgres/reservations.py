@@ -39,7 +39,7 @@ EXPIRE_RESERVATION = _EXPIRE_ONE.format(locked="", only_locked="")
 
 # The same for a batch of one, which never waits: a row another transaction holds
 # is left alone (it comes back held and due, not won: the batcher hands it to the
-# one-at-a-time path, which waits for it on a connection of its own).
+# one-at-a-time path, which tries it once more, then retries it later).
 EXPIRE_RESERVATION_UNLESS_LOCKED = _EXPIRE_ONE.format(
     locked="""locked AS (
     SELECT id FROM reservations
