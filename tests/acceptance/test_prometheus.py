@@ -214,14 +214,19 @@ async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
     names = metric_names()
     assert {"expiry_oldest_due_age_seconds", "rabbitmq_detailed_queue_consumers"} <= names
 
-    async def every_name_has_series() -> bool:
-        for name in sorted(names):
-            matcher = f'{{vhost="{vhost}"}}' if name.startswith("rabbitmq_") else ""
-            if not await prometheus.query(f"{name}{matcher}"):
-                return False
-        return True
+    missing = set(names)
 
-    await eventually(every_name_has_series, timeout=90, every=1)
+    async def every_name_has_series() -> bool:
+        for name in sorted(missing):
+            matcher = f'{{vhost="{vhost}"}}' if name.startswith("rabbitmq_") else ""
+            if await prometheus.query(f"{name}{matcher}"):
+                missing.discard(name)
+        return not missing
+
+    try:
+        await eventually(every_name_has_series, timeout=90, every=1)
+    except TimeoutError:
+        pytest.fail(f"no series after 90 s for: {', '.join(sorted(missing))}")
     moved = {
         "expiry_commands_total": 'sum(expiry_commands_total{outcome="expired"})',
         "expiry_retries_total": "sum(expiry_retries_total)",
