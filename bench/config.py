@@ -67,9 +67,5 @@ class Options:
         return not self.only or phase in self.only
 
     @property
-    def sustained_holds(self) -> int:
-        return round(self.rate * self.duration)
-
-    @property
     def sustained_consumers(self) -> int:
         return max(self.consumers)
