@@ -14,6 +14,7 @@ from service.adapters.postgres import demo as demo_sql
 from service.core.topology import DEAD_QUEUE, QUEUE
 from service.demo.support import Support
 from service.demo.watch import Queues
+from service.worker.reporting import SUMMARY_FIELDS
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,6 @@ async def final_state(conn: postgres.Connection, queues: Queues) -> Final:
     )
 
 
-# What an ``expiry.summary`` count is called in the demo's summary.
-SUMMARY_NAMES = {
-    "expired": "expired",
-    "already_done": "already-done",
-    "not_eligible": "not-eligible",
-}
-
-
 def delivery_outcomes(logs: Iterable[Path]) -> Counter[str]:
     """Add up the consumers' ``expiry.summary`` lines (outcomes by count, at ``INFO``) and
     count their ``expiry.retry`` and ``expiry.dead_letter`` lines."""
@@ -55,8 +48,8 @@ def delivery_outcomes(logs: Iterable[Path]) -> Counter[str]:
             with contextlib.suppress(ValueError, TypeError):
                 entry = json.loads(line)
                 if entry.get("event") == "expiry.summary":
-                    for field, name in SUMMARY_NAMES.items():
-                        counts[name] += int(entry.get(field, 0))
+                    for outcome, field in SUMMARY_FIELDS.items():
+                        counts[outcome.value] += int(entry.get(field, 0))
                 elif entry.get("event") in ("expiry.retry", "expiry.dead_letter"):
                     counts[str(entry["event"]).removeprefix("expiry.")] += 1
     return +counts

@@ -24,7 +24,7 @@ from service.core.topology import DEAD_LOG_QUEUE, QUEUE
 from service.settings import Settings
 from service.worker.recorder import RECORDER_PREFETCH
 from service.worker.reporting import SUMMARY_SECONDS, Reporter
-from service.worker.runtime import Runtime, assemble
+from service.worker.runtime import assemble
 
 log = logging.getLogger("service.consume")
 
@@ -80,8 +80,8 @@ async def _consume(
         (dead_log, await dead_log.consume(runtime.recorder.on_message)),
     ]
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
-    sidecars = _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every, runtime)
-    async with sidecars:
+    reporter = runtime.reporter
+    async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every, reporter):
         await stop.wait()
         log.info("consumer.draining", extra={"in_flight": len(in_flight)})
         for queue, tag in consumers:
@@ -117,7 +117,7 @@ async def _sidecars(
     stop: asyncio.Event,
     metrics: Metrics,
     backlog_every: float | None,
-    runtime: Runtime,
+    reporter: Reporter,
 ) -> AsyncIterator[None]:
     """The health endpoint, the gauges' refresher and the periodic summary line, for as
     long as the consumer runs."""
@@ -133,7 +133,7 @@ async def _sidecars(
 
         server = HealthServer(readiness, metrics=backlog_every is not None)
         await server.start(settings.http_host, settings.http_port)
-    tasks = [asyncio.create_task(_summarize_every(runtime.reporter, SUMMARY_SECONDS))]
+    tasks = [asyncio.create_task(_summarize_every(reporter, SUMMARY_SECONDS))]
     if backlog_every is not None:
         tasks.append(
             asyncio.create_task(

@@ -15,7 +15,6 @@ import logging
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
@@ -30,23 +29,24 @@ log = logging.getLogger("service.consume")
 
 SUMMARY_SECONDS = 10.0
 
-# The counts of an ``expiry.summary`` line, in the order it shows them.
-SUMMARY_COUNTS = ("expired", "already_done", "not_eligible", "retried", "dead_lettered")
+# The field of an ``expiry.summary`` line that counts each outcome, and all its counts
+# in the order it shows them.
+SUMMARY_FIELDS = {outcome: outcome.value.replace("-", "_") for outcome in Outcome}
+SUMMARY_COUNTS = (*SUMMARY_FIELDS.values(), "retried", "dead_lettered")
 
 
 class Reporter:
     """Reports deliveries through the log, the metrics and the consumer span."""
 
-    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.clock = clock
         self.counts: Counter[str] = Counter()
-        self.since = clock()
+        self.since = time.monotonic()
 
     def summarize(self) -> None:
         """One ``expiry.summary`` line (``INFO``) with the counts since the last one, if
         anything happened; then start counting again."""
-        now = self.clock()
+        now = time.monotonic()
         counts, self.counts = self.counts, Counter()
         interval, self.since = now - self.since, now
         if not counts:
@@ -97,7 +97,7 @@ class Reporter:
             lag=expiry.lag_seconds,
             since_published=expiry.since_published_seconds,
         )
-        self.counts[expiry.outcome.value.replace("-", "_")] += 1
+        self.counts[SUMMARY_FIELDS[expiry.outcome]] += 1
         _log_outcome(delivery, expiry.outcome, elapsed, acked=acked)
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", expiry.outcome.value)
