@@ -14,6 +14,7 @@ import asyncio
 import re
 import time
 from pathlib import Path
+from uuid import UUID
 
 import asyncpg
 import httpx
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.faults
 LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's, on any architecture
 SKEWS = {"ahead": 300, "behind": -300, "scanner": 120}
 DRIFT = re.compile(r"^expiry_clock_drift_seconds\{[^}]*\} (\S+)$", re.MULTILINE)
+NOT_YET_DUE_SQL = """
+SELECT count(*) FROM reservations WHERE id = ANY($1::uuid[]) AND hold_until > now()
+"""
 EARLY_SQL = """
 SELECT count(*) FROM fault_transitions t JOIN reservations r ON r.id = t.reservation_id
  WHERE t.to_status = 'expired' AND t.at < r.hold_until
@@ -61,6 +65,21 @@ async def drift_of(port: int) -> float | None:
         text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     found = DRIFT.search(text)
     return float(found.group(1)) if found else None
+
+
+async def until_due(url: str, ids: list[UUID]) -> None:
+    """Wait until every hold of ``ids`` is due by the database's clock.
+
+    Before that, no work left (what ``settle`` waits for) does not mean the run is over:
+    the holds that come due during it would still be held.
+    """
+    conn = await asyncpg.connect(url)
+    try:
+        async with asyncio.timeout(60):
+            while await conn.fetchval(NOT_YET_DUE_SQL, ids):
+                await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
 
 
 async def test_skewed_worker_clocks_neither_expire_early_nor_lose_a_hold(
@@ -96,6 +115,7 @@ async def test_skewed_worker_clocks_neither_expire_early_nor_lose_a_hold(
     async with asyncio.timeout(60):
         while not await reported():
             await asyncio.sleep(0.5)
+    await until_due(world.database_url, soon)
     expect = workload.expectation(set())
     settled = await settle(world, expect, settle_timeout(workload.holds))
     seconds = time.monotonic() - started
