@@ -3,6 +3,7 @@ timer with their metrics and health (``every``: ``produce --every``)."""
 
 from service.scan.once import (
     CLAIM_MARGIN_SECONDS,
+    Links,
     ScanResult,
     ScanStopped,
     claim_page,
@@ -14,6 +15,7 @@ from service.scan.once import (
 
 __all__ = [
     "CLAIM_MARGIN_SECONDS",
+    "Links",
     "ScanResult",
     "ScanStopped",
     "claim_page",

@@ -21,7 +21,7 @@ from service.adapters.gauges import configure
 from service.adapters.http import HealthServer
 from service.adapters.metrics import ScanMetrics
 from service.core.errors import PublishNotConfirmed, TopologyMismatch
-from service.scan.once import ScanResult, ScanStopped, scan_once
+from service.scan.once import Links, ScanResult, ScanStopped, scan_once
 from service.settings import Settings
 
 log = logging.getLogger("service.produce")
@@ -102,25 +102,37 @@ async def scan_every(
     (no burst to catch up); a failed scan is logged, not fatal, except a topology
     that differs (``TopologyMismatch``), which stops it: the topology is checked
     until one pass got past the check, then no more; ``stop`` also stops the pass
-    under way (see ``scan_once``).
+    under way (see ``scan_once``). The connections are kept from one pass to the
+    next while the passes succeed; a pass that fails closes them, and the next one
+    connects afresh.
     """
     scanner = scanner or Scanner.for_settings(settings, interval)
     loop = asyncio.get_running_loop()
     next_start = loop.time()
     checked = False
-    while not stop.is_set():
-        next_start += interval
-        checked = await pass_on_timer(settings, stop, scanner, check=not checked) or checked
-        now = loop.time()
-        if next_start < now:
-            next_start = now
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(next_start - now):
-                await stop.wait()
+    links = Links()  # kept from one pass to the next while the passes succeed
+    try:
+        while not stop.is_set():
+            next_start += interval
+            passed = await pass_on_timer(settings, stop, scanner, check=not checked, links=links)
+            checked = passed or checked
+            now = loop.time()
+            if next_start < now:
+                next_start = now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(next_start - now):
+                    await stop.wait()
+    finally:
+        await links.close()
 
 
 async def pass_on_timer(
-    settings: Settings, stop: asyncio.Event, scanner: Scanner, *, check: bool
+    settings: Settings,
+    stop: asyncio.Event,
+    scanner: Scanner,
+    *,
+    check: bool,
+    links: Links | None = None,
 ) -> bool:
     """One pass of ``--every``: its failure, or its early stop, is logged and counted; a
     topology that differs is raised. Returns whether the pass got past the topology check."""
@@ -129,7 +141,12 @@ async def pass_on_timer(
     outcome, past_check = FAILED, False
     try:
         await scan_once(
-            settings, stop=stop, check=check, result=result, gauges=scanner.metrics.gauges
+            settings,
+            stop=stop,
+            check=check,
+            result=result,
+            gauges=scanner.metrics.gauges,
+            links=links,
         )
         outcome, past_check = OK, True
         report(result, time.monotonic() - started)

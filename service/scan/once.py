@@ -8,6 +8,11 @@ extended, and the claims of the others lapse at once.
 
 Once ``stop`` is set a pass stops between pages: nothing more is claimed or
 published, the confirms in flight are awaited and recorded as usual.
+
+A one-shot scan opens its connections and closes them at its end; a scanner on
+a timer passes ``Links`` that keep them from one pass to the next while the
+passes succeed (a pass that fails or stops closes them: the next one connects
+afresh, to the first node of ``AMQP_URL`` that answers).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from aio_pika.abc import AbstractExchange, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp import messages
@@ -76,6 +81,7 @@ async def scan_once(
     check: bool = True,
     result: ScanResult | None = None,
     gauges: Gauges | None = None,
+    links: Links | None = None,
 ) -> ScanResult:
     """Run one scan; raise ``PublishNotConfirmed`` if any publish was not confirmed.
 
@@ -83,19 +89,25 @@ async def scan_once(
     still connecting it gives up as soon as it can) and raises ``ScanStopped``.
     With ``check`` it first checks the topology (``TopologyMismatch`` if it differs).
     ``result`` is filled in as the pass goes (what it did, even if it raises);
-    ``gauges`` are read from the database after the pass.
+    ``gauges`` are read from the database after the pass. With ``links`` the scan uses
+    (or opens) their connections and leaves them open if it succeeds; without, it
+    opens its own and closes them.
     """
     stop = stop or asyncio.Event()
     result = result if result is not None else ScanResult()
-    async with contextlib.AsyncExitStack() as opened:
-        # The broker first: if it is down, nothing is claimed and nothing recorded.
-        connection = await _connect_broker(settings, stop, opened)
-        prepared = _prepare(settings, connection, opened, check=check)
-        conn, exchange = await _unless_stopped(stop, prepared)
+    kept = links is not None
+    links = links if links is not None else Links()
+    try:
+        conn, exchange = await links.open(settings, stop, check=check)
         await scan_pass(conn, exchange, settings, stop=stop, result=result)
         await _record_pass(conn, settings, result)
         if gauges is not None:
             await _read_gauges(conn, gauges)
+    except BaseException:
+        await links.close()
+        raise
+    if not kept or result.stopped or result.failed:
+        await links.close()
     if result.stopped:
         raise ScanStopped(result)
     if result.failed:
@@ -129,6 +141,62 @@ async def _read_gauges(conn: postgres.Connection, gauges: Gauges) -> None:
         log.warning("metrics.refresh_failed", extra={"error_class": classify(exc)[1]})
 
 
+@dataclass
+class _Open:
+    """Connections open for a scan, and what closes them."""
+
+    broker: AbstractRobustConnection
+    channel: AbstractChannel
+    exchange: AbstractExchange
+    conn: postgres.Connection
+    closing: contextlib.AsyncExitStack
+
+    def usable(self) -> bool:
+        """Whether none was lost: the broker connection, its channel, the database's."""
+        return (
+            not self.broker.is_closed
+            and self.broker.connected.is_set()
+            and not self.channel.is_closed
+            and not self.conn.is_closed()
+        )
+
+
+class Links:
+    """A scan's connections: to the broker (with a confirm channel) and to the database.
+
+    Opened by the first pass that needs them and kept while they work: a pass
+    finds them again unless the broker connection, its channel or the database
+    connection was lost meanwhile, and then opens new ones. ``close`` forgets them.
+    """
+
+    def __init__(self) -> None:
+        self._open: _Open | None = None
+
+    async def open(
+        self, settings: Settings, stop: asyncio.Event, *, check: bool
+    ) -> tuple[postgres.Connection, AbstractExchange]:
+        """The connections, opened now unless still usable; with ``check`` the topology
+        is checked (it declares nothing), on kept connections too."""
+        if self._open is not None and self._open.usable():
+            if check:
+                await _unless_stopped(stop, check_topology(self._open.broker, settings))
+            return self._open.conn, self._open.exchange
+        await self.close()
+        async with contextlib.AsyncExitStack() as opened:
+            # The broker first: if it is down, nothing is claimed and nothing recorded.
+            broker = await _connect_broker(settings, stop, opened)
+            prepared = _prepare(settings, broker, opened, check=check)
+            conn, channel, exchange = await _unless_stopped(stop, prepared)
+            self._open = _Open(broker, channel, exchange, conn, opened.pop_all())
+        return conn, exchange
+
+    async def close(self) -> None:
+        """Close what is open (nothing to do if nothing is)."""
+        held, self._open = self._open, None
+        if held is not None:
+            await held.closing.aclose()
+
+
 async def _connect_broker(
     settings: Settings, stop: asyncio.Event, opened: contextlib.AsyncExitStack
 ) -> AbstractRobustConnection:
@@ -145,16 +213,16 @@ async def _prepare(
     opened: contextlib.AsyncExitStack,
     *,
     check: bool,
-) -> tuple[postgres.Connection, AbstractExchange]:
-    """Check the topology (it declares nothing) and connect to the database (closed with
-    ``opened``)."""
+) -> tuple[postgres.Connection, AbstractChannel, AbstractExchange]:
+    """Check the topology (it declares nothing), open the confirm channel and connect to
+    the database (closed with ``opened``)."""
     if check:
         await check_topology(connection, settings)
     channel = await amqp.open_confirm_channel(connection)
     exchange = await channel.get_exchange(EXCHANGE, ensure=False)
     conn = await postgres.connect(settings, application_name="expiry-produce")
     opened.push_async_callback(conn.close)
-    return conn, exchange
+    return conn, channel, exchange
 
 
 async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T:

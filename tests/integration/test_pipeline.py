@@ -302,6 +302,55 @@ async def test_two_scans_at_once_split_the_work(stack: Stack) -> None:
         assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 3000
 
 
+SCANNER_PIDS_SQL = """
+SELECT pid FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = 'expiry-produce'
+"""
+
+
+async def _scanner_pids(stack: Stack) -> list[int]:
+    async with pg_connection(stack.database_url) as conn:
+        return [row["pid"] for row in await conn.fetch(SCANNER_PIDS_SQL)]
+
+
+async def test_a_scanner_keeps_its_connections_between_passes_and_replaces_lost_ones(
+    stack: Stack,
+) -> None:
+    """Passes given the same ``Links`` (as ``--every`` does) share one database session and
+    one broker connection; a lost one is replaced at the next pass, which still publishes;
+    ``close`` leaves none."""
+    links = scan.Links()
+    try:
+        await insert_holds(stack.database_url, 5)
+        assert (await scan.scan_once(stack.settings, links=links)).published == 5
+        [pid] = await _scanner_pids(stack)
+        await insert_holds(stack.database_url, 5)
+        assert (await scan.scan_once(stack.settings, links=links)).published == 5
+        assert await _scanner_pids(stack) == [pid]  # the same session: kept
+        async with pg_connection(stack.database_url) as conn:
+            await conn.execute("SELECT pg_terminate_backend($1)", pid)
+        await insert_holds(stack.database_url, 5)
+        await eventually(lambda: _scanner_pids_are(stack, []))
+        assert (await scan.scan_once(stack.settings, links=links)).published == 5
+        [again] = await _scanner_pids(stack)
+        assert again != pid
+        await eventually(lambda: _closed_scanner_connection(stack))  # once the API lists it
+        await insert_holds(stack.database_url, 5)
+        assert (await scan.scan_once(stack.settings, links=links)).published == 5
+    finally:
+        await links.close()
+    assert await _scanner_pids(stack) == []
+    assert len({m.message_id for m in await drain_queue(stack.amqp_url, "expirations")}) == 20
+
+
+async def _closed_scanner_connection(stack: Stack) -> bool:
+    return await stack.management.close_connections(stack.vhost, named="expiry-produce") == 1
+
+
+async def _scanner_pids_are(stack: Stack, pids: list[int]) -> bool:
+    return await _scanner_pids(stack) == pids
+
+
 async def test_due_is_decided_by_the_database_clock(stack: Stack) -> None:
     """A hold due in two seconds by the database's clock is published only after that."""
     await insert_holds(stack.database_url, 5, due_in=2.0)
