@@ -9,11 +9,12 @@ of them are expired, the work queue's leader goes away, by ``rabbitmqctl
 stop_app`` (the broker closes the connections) or by SIGKILL of the whole
 node (no goodbye). ``CLUSTER_HOLDS`` (20000) sets the load.
 
-Two smaller tests pin down what is still wrong (both expected to fail until
-the service is fixed): a batch that commits after its connection was lost
-expires its holds without logging their ``expired`` outcome (the kill shows
-it in the figures), and ``status`` reads the queues from the first node of
-``AMQP_URL`` only.
+A departure by partition cuts the leader's node off from the other two at
+the distribution layer (``pause_minority`` pauses it) and heals it after.
+
+Two smaller tests keep two fixed faults fixed: a batch that commits after its
+connection was lost still logs its ``expired`` outcomes, and ``status`` reads
+the queues through another node of ``AMQP_URL`` when the first is down.
 """
 
 from __future__ import annotations
