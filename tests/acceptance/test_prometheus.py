@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from service.core.domain import command_body, message_id
 from tests.acceptance.processes import start, stop
 from tests.observability import RULES, metric_names
 from tests.support import (
@@ -182,19 +181,15 @@ async def running(
 
 
 async def _locked_while(stack: Stack, seconds: float) -> None:
-    """A command for a hold that another transaction has row-locked for ``seconds``: it
-    is retried through a delay tier (db.timeout), and expires once the lock is gone.
-    (The scan skips locked rows, so the command is published here.)"""
-    [rid] = await insert_holds(stack.database_url, 1)
+    """A hold that comes due while another transaction locks the reservations table for
+    ``seconds`` (``SHARE`` mode: the scan's claims do not wait for it, every update does).
+    The scanner publishes it and records its lease; the consumer's update waits out its
+    lock timeout and is retried through a delay tier (db.timeout); once the lock is gone
+    it expires, after its recorded publish (so its claim-to-finish time is recorded too,
+    whatever the race between the other holds' expiry and their leases' recording)."""
+    await insert_holds(stack.database_url, 1, due_in=1.0)
     async with pg(stack.database_url) as conn, conn.transaction():
-        hold_until = await conn.fetchval(
-            "SELECT hold_until FROM reservations WHERE id = $1 FOR UPDATE", rid
-        )
-        await publish_raw(
-            stack.amqp_url,
-            [command_body(rid, hold_until)],
-            message_ids=[message_id(rid, hold_until)],
-        )
+        await conn.execute("LOCK TABLE reservations IN SHARE MODE")
         await asyncio.sleep(seconds)
 
 

@@ -137,19 +137,23 @@ async def fetch_value(url: str, query: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def row_locks(url: str, ids: list[UUID]) -> AsyncIterator[None]:
-    """Hold ``FOR UPDATE`` locks on these reservations (as a slow support agent would)."""
+async def reservations_locked(url: str) -> AsyncIterator[None]:
+    """Hold a lock on the reservations table that every update waits for.
+
+    Not row locks: a batch skips the rows another transaction holds (``SKIP
+    LOCKED``) and tries them alone without waiting, so nothing would wait long.
+    """
     conn = await asyncpg.connect(url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT 1 FROM reservations WHERE id = ANY($1) FOR UPDATE", ids)
+            await conn.execute("LOCK TABLE reservations IN SHARE MODE")
             yield
     finally:
         await conn.close()
 
 
 async def consumers_waiting_on_locks(url: str) -> int:
-    """Sessions of the consumers that wait for a row lock right now."""
+    """Sessions of the consumers that wait for a lock right now."""
     return await fetch_value(
         url,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

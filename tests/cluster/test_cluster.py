@@ -35,7 +35,7 @@ from tests.cluster.observe import (
     expired_count,
     insert_spread_holds,
     queue_view,
-    row_locks,
+    reservations_locked,
 )
 from tests.cluster.report import report
 from tests.cluster.scenario import (
@@ -62,7 +62,7 @@ class OutcomeNotLogged(AssertionError):
 async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outcomes(
     rabbit_cluster: RabbitCluster, cluster_vhost: str, cluster_database: str, tmp_path: Path
 ) -> None:
-    """A batch waiting on row locks when the consumer's connection is closed commits later;
+    """A batch waiting on a lock when the consumer's connection is closed commits later;
     every hold it expired still gets its one ``expired`` outcome line."""
     node = rabbit_cluster.nodes[0]
     env = service_env(rabbit_cluster.amqp_url(cluster_vhost), cluster_database, "lockstep")
@@ -74,7 +74,7 @@ async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outco
             assert declare.process.returncode == 0, declare.text()
             scan = await fleet.run("service.produce", "--scan", name="scan", env=env)
             assert scan.process.returncode == 0, scan.text()
-            async with row_locks(cluster_database, ids):
+            async with reservations_locked(cluster_database):
                 consumer = await fleet.start(
                     "service.consume", name="consumer", env={**env, **PATIENT}
                 )
@@ -97,12 +97,12 @@ async def test_a_batch_that_commits_after_its_connection_was_lost_logs_its_outco
         )
 
 
-# Long enough that the batch waits out the test's row locks instead of failing.
+# Long enough that the batch waits out the test's lock instead of failing.
 PATIENT = {"EXPIRY_LOCK_TIMEOUT_MS": "60000", "EXPIRY_STATEMENT_TIMEOUT_MS": "120000"}
 
 
 async def batch_waits(url: str) -> bool:
-    """Whether a consumer's statement waits for the test's row locks."""
+    """Whether a consumer's statement waits for the test's lock."""
     return await consumers_waiting_on_locks(url) >= 1
 
 
