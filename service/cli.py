@@ -1,4 +1,4 @@
-"""The shared ``main()``: arguments, settings, ``asyncio.run`` and the exit code.
+"""The shared ``main()``: arguments, settings, the event loop and the exit code.
 
 Only this module catches broadly: a failure becomes one line on stderr and a
 non-zero exit; the cause chain and the traceback only with ``--verbose``.
@@ -78,7 +78,8 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         sys.exit(EXIT_CONFIG)
     setup_logging(settings.log_level, settings.log_format)
     try:
-        code: int = asyncio.run(command(settings, args))
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            code: int = runner.run(command(settings, args))
     except KeyboardInterrupt:
         code = 130
     except UsageError as exc:
@@ -88,6 +89,21 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         report_failure(parser.prog, exc, verbose=args.verbose)
         code = EXIT_FAILURE
     sys.exit(code)
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``EXPIRY_EVENT_LOOP`` asks for: uvloop's (``auto``: when it is
+    installed), or ``None`` for asyncio's own."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop  # optional: the uvloop extra
+    except ImportError:
+        if choice == "uvloop":  # settings refuse this at start; a broken install lands here
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def report_failure(prog: str, exc: BaseException, *, verbose: bool) -> None:

@@ -7,6 +7,7 @@ has the ``EXPIRY_`` prefix and a documented default (see README).
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import socket
 from collections.abc import Iterable
@@ -86,6 +87,9 @@ class Settings(BaseSettings):
     # retry budgets the worker's).
     clock_drift_tolerance_seconds: PositiveFloat = 1.0
     scan_interval_seconds: PositiveFloat = 5.0
+    # The event loop a command runs on: uvloop where it is installed (the uvloop extra;
+    # the image has it), else asyncio's own.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     # The standard OpenTelemetry variables that choose exporters (the SDK reads the rest).
@@ -215,6 +219,13 @@ class Settings(BaseSettings):
         for name in value:
             if len(name) > OPERATOR_LIMIT or not name.isprintable():
                 raise ValueError(f"each name must be printable and at most {OPERATOR_LIMIT} long")
+        return value
+
+    @field_validator("event_loop")
+    @classmethod
+    def _check_event_loop(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed (pip install 'expiry-service[uvloop]')")
         return value
 
     @field_validator("retry_delays", mode="before")

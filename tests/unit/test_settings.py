@@ -64,6 +64,7 @@ def test_dotenv_file_is_read(tmp_path: Path) -> None:
         ("EXPIRY_RETRY_DELAYS", "5,1", "EXPIRY_RETRY_DELAYS: must be strictly increasing"),
         ("EXPIRY_RETRY_DELAYS", "1,-5", "EXPIRY_RETRY_DELAYS: Input should be greater than 0"),
         ("EXPIRY_LOG_LEVEL", "LOUD", "EXPIRY_LOG_LEVEL: Input should be"),
+        ("EXPIRY_EVENT_LOOP", "trio", "EXPIRY_EVENT_LOOP: Input should be"),
         ("EXPIRY_MANAGEMENT_URL", "ftp://x", "EXPIRY_MANAGEMENT_URL: must be an http://"),
         ("RABBITMQ_MANAGEMENT_URL", "", "RABBITMQ_MANAGEMENT_URL: must be an http://"),
         ("OTEL_TRACES_SAMPLER", "jaeger_remote", "OTEL_TRACES_SAMPLER: Input should be"),
