@@ -24,6 +24,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.acceptance.console_support import PASSWORDS, running_console
 from tests.seeding import seed_dead_letters
@@ -82,7 +84,10 @@ def screenshot(browser: WebDriver, tmp_path: Path, name: str) -> Path:
 
 def text_of(browser: WebDriver, element_id: str) -> str:
     """The visible text of the element with this id."""
-    return str(browser.find_element(By.ID, element_id).text)
+    found = WebDriverWait(browser, 15).until(
+        expected_conditions.presence_of_element_located((By.ID, element_id))
+    )  # a click's page may still be loading
+    return str(found.text)
 
 
 async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
