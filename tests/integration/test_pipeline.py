@@ -316,9 +316,9 @@ async def _scanner_pids(stack: Stack) -> list[int]:
 async def test_a_scanner_keeps_its_connections_between_passes_and_replaces_lost_ones(
     stack: Stack,
 ) -> None:
-    """Passes given the same ``Links`` (as ``--every`` does) share one database session and
-    one broker connection; a lost one is replaced at the next pass, which still publishes;
-    ``close`` leaves none."""
+    """Passes given the same ``Links`` (as ``--every`` does) share one database session; a
+    terminated one is replaced at the next pass; after the broker closed the connection the
+    next pass still publishes (reconnected or replaced); ``close`` leaves no session."""
     links = scan.Links()
     try:
         await insert_holds(stack.database_url, 5)
