@@ -26,11 +26,11 @@ import functools
 from collections.abc import Coroutine
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from service.adapters import amqp
+from service.adapters.amqp.consuming import Incoming
 from service.adapters.postgres import Expiry
 from service.core.domain import parse_command
 from service.core.errors import PoisonMessage
@@ -78,7 +78,7 @@ class Consumer:
         self.in_flight = in_flight
         self.tracer = tracer  # None: no tracing, no span per delivery
 
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
+    async def on_message(self, message: Incoming) -> None:
         """The broker's callback: route the delivery (it never waits for its handling)."""
         delivery = Delivery.of(message, self.tracer)
         self.in_flight.begin()

@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
+from service.adapters.amqp.consuming import Incoming
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
@@ -43,7 +43,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
+def read_attempt(message: Incoming, now_ms: int) -> Attempt:
     """Read the attempt number and first-seen time from our headers (defaults: 1, now).
 
     Never raises: the headers are untrusted (``service.core.inputs``); a value out
@@ -58,7 +58,7 @@ def read_attempt(message: AbstractIncomingMessage, now_ms: int) -> Attempt:
     )
 
 
-def attempt_of(message: AbstractIncomingMessage) -> Attempt:
+def attempt_of(message: Incoming) -> Attempt:
     """``read_attempt`` now; should it ever fail, a first attempt (the delivery must
     still be handled and settled)."""
     now = now_ms()
@@ -88,7 +88,7 @@ class Delivery:
     ``trace_context`` holds it for the batch's span and the delivery's own task.
     """
 
-    message: AbstractIncomingMessage
+    message: Incoming
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
@@ -100,7 +100,7 @@ class Delivery:
     ended: bool = field(default=False, repr=False)
 
     @classmethod
-    def of(cls, message: AbstractIncomingMessage, tracer: trace.Tracer | None) -> Delivery:
+    def of(cls, message: Incoming, tracer: trace.Tracer | None) -> Delivery:
         """A delivery that has just arrived; its consumer span starts when ``tracer``."""
         delivery = cls(message, attempt_of(message), time.monotonic())
         if tracer is None:

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 
 import aiormq.exceptions
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import amqp, lifecycle, postgres
+from service.adapters.amqp.consuming import QueueConsumer
 from service.adapters.amqp.topology import check_topology
 from service.adapters.gauges import configure, refresh_gauges
 from service.adapters.http import HealthServer
@@ -66,29 +68,30 @@ async def _consume(
     # The consumer declares nothing (it may not configure): it checks the topology,
     # and takes its queues with passive declares, which a reconnect repeats.
     await check_topology(connection, settings)
-    consume_channel: AbstractChannel = await connection.channel(publisher_confirms=False)
+    consume_channel = await connection.channel(publisher_confirms=False)
     await consume_channel.set_qos(prefetch_count=settings.prefetch)
     publish_channel = await amqp.open_confirm_channel(connection)
     record_channel = await connection.channel(publisher_confirms=False)
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
     runtime = await assemble(settings, pool, publish_channel, metrics)
     in_flight = runtime.in_flight
-    work = await consume_channel.declare_queue(QUEUE, passive=True)
+    # The work queue on aiormq (its hot path: see consuming.py), the dead-letter log on
+    # aio-pika's robust queue.
+    work = QueueConsumer(consume_channel, QUEUE, runtime.consumer.on_message)
+    await work.start()
     dead_log = await record_channel.declare_queue(DEAD_LOG_QUEUE, passive=True)
-    consumers = [
-        (work, await work.consume(runtime.consumer.on_message)),
-        (dead_log, await dead_log.consume(runtime.recorder.on_message)),
-    ]
+    dead_log_tag = await dead_log.consume(runtime.recorder.on_message)
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     reporter = runtime.reporter
-    async with _sidecars(settings, pool, consume_channel, stop, metrics, backlog_every, reporter):
+    async with _sidecars(settings, pool, work, stop, metrics, backlog_every, reporter):
         await stop.wait()
         log.info("consumer.draining", extra={"in_flight": len(in_flight)})
-        for queue, tag in consumers:
+        stopping = ((QUEUE, work.cancel), (DEAD_LOG_QUEUE, partial(dead_log.cancel, dead_log_tag)))
+        for name, cancel in stopping:
             try:
-                await queue.cancel(tag)
+                await cancel()
             except CANCEL_ERRORS:
-                log.warning("consumer.cancel_failed", extra={"queue": queue.name})
+                log.warning("consumer.cancel_failed", extra={"queue": name})
         abandoned = await in_flight.drain(settings.shutdown_timeout_seconds)
     if abandoned:
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
@@ -113,7 +116,7 @@ CANCEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidSt
 async def _sidecars(
     settings: Settings,
     pool: postgres.Pool,
-    channel: AbstractChannel,
+    work: QueueConsumer,
     stop: asyncio.Event,
     metrics: Metrics,
     backlog_every: float | None,
@@ -127,7 +130,7 @@ async def _sidecars(
         async def readiness() -> dict[str, bool]:
             return {
                 "consuming": not stop.is_set(),
-                "channel": not channel.is_closed,
+                "channel": work.consuming,
                 "database": await _database_answers(pool),
             }
 

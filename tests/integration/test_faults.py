@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import aio_pika
 import pytest
 
 from service import scan
 from service.core.domain import command_body
+from service.core.topology import QUEUE
+from service.declare import declare
 from tests.proxy import tcp_proxy
 from tests.support import (
     Stack,
@@ -209,3 +212,28 @@ async def test_consumer_moves_to_another_node_when_its_node_goes_away(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_broker_cancels_the_consumer_and_it_consumes_again_once_the_queue_is_back(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The work queue deleted under the consumer (the broker cancels its consumer), then
+    declared again by the deploy step: the consumer keeps trying, consumes again on its
+    own and expires what comes; nothing else of it restarts."""
+    caplog.set_level(logging.INFO)
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        connection = await aio_pika.connect(stack.amqp_url)
+        try:
+            await (await connection.channel()).queue_delete(QUEUE)
+        finally:
+            await connection.close()
+        await eventually(lambda: _has_events(caplog, "broker.consumer_cancelled", 1))
+        await eventually(lambda: _has_events(caplog, "broker.consume_failed", 1), timeout=30)
+        await declare(stack.settings)
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await insert_holds(stack.database_url, 20)
+        await scan.scan_once(stack.settings)
+        await eventually(lambda: _all_expired(stack, 20), timeout=30)
+        assert not task.done()
+    assert _events(caplog, "broker.consuming_again")
