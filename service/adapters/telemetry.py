@@ -218,12 +218,17 @@ def sampler_for(settings: Settings) -> sampling.Sampler:
     return samplers[name]()
 
 
-def consumer_tracer() -> trace.Tracer | None:
-    """The tracer of the consumer's spans, or ``None`` when no tracing is installed (the
-    consumer then starts no span at all)."""
+def tracer_for(name: str) -> trace.Tracer | None:
+    """The tracer ``name``, or ``None`` when no tracing is installed (the hot paths then
+    start no span at all: the consumer's per delivery, the scan's per command)."""
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None
-    return trace.get_tracer("service.consume")
+    return trace.get_tracer(name)
+
+
+def consumer_tracer() -> trace.Tracer | None:
+    """The tracer of the consumer's spans (``None`` when no tracing is installed)."""
+    return tracer_for("service.consume")
 
 
 def setup_tracing(

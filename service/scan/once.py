@@ -27,15 +27,16 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service.adapters import amqp, postgres
-from service.adapters.amqp import messages
+from service.adapters.amqp.pages import Command, PagePublisher
 from service.adapters.amqp.topology import check_topology
 from service.adapters.classify import classify
 from service.adapters.gauges import read_gauges
 from service.adapters.metrics import Gauges
-from service.core.domain import message_id
+from service.adapters.telemetry import tracer_for
+from service.core.domain import command_body, message_id
 from service.core.errors import PublishNotConfirmed, ServiceError
 from service.core.topology import EXCHANGE, ROUTING_KEY
 from service.settings import Settings
@@ -98,8 +99,8 @@ async def scan_once(
     kept = links is not None
     links = links if links is not None else Links()
     try:
-        conn, exchange = await links.open(settings, stop, check=check)
-        await scan_pass(conn, exchange, settings, stop=stop, result=result)
+        conn, publisher = await links.open(settings, stop, check=check)
+        await scan_pass(conn, publisher, settings, stop=stop, result=result)
         await _record_pass(conn, settings, result)
         if gauges is not None:
             await _read_gauges(conn, gauges)
@@ -147,7 +148,7 @@ class _Open:
 
     broker: AbstractRobustConnection
     channel: AbstractChannel
-    exchange: AbstractExchange
+    publisher: PagePublisher
     conn: postgres.Connection
     closing: contextlib.AsyncExitStack
 
@@ -174,21 +175,22 @@ class Links:
 
     async def open(
         self, settings: Settings, stop: asyncio.Event, *, check: bool
-    ) -> tuple[postgres.Connection, AbstractExchange]:
+    ) -> tuple[postgres.Connection, PagePublisher]:
         """The connections, opened now unless still usable; with ``check`` the topology
         is checked (it declares nothing), on kept connections too."""
         if self._open is not None and self._open.usable():
             if check:
                 await _unless_stopped(stop, check_topology(self._open.broker, settings))
-            return self._open.conn, self._open.exchange
+            return self._open.conn, self._open.publisher
         await self.close()
         async with contextlib.AsyncExitStack() as opened:
             # The broker first: if it is down, nothing is claimed and nothing recorded.
             broker = await _connect_broker(settings, stop, opened)
             prepared = _prepare(settings, broker, opened, check=check)
-            conn, channel, exchange = await _unless_stopped(stop, prepared)
-            self._open = _Open(broker, channel, exchange, conn, opened.pop_all())
-        return conn, exchange
+            conn, channel = await _unless_stopped(stop, prepared)
+            publisher = PagePublisher(channel, EXCHANGE, ROUTING_KEY, tracer_for("service.produce"))
+            self._open = _Open(broker, channel, publisher, conn, opened.pop_all())
+        return conn, publisher
 
     async def close(self) -> None:
         """Close what is open (nothing to do if nothing is)."""
@@ -213,16 +215,15 @@ async def _prepare(
     opened: contextlib.AsyncExitStack,
     *,
     check: bool,
-) -> tuple[postgres.Connection, AbstractChannel, AbstractExchange]:
+) -> tuple[postgres.Connection, AbstractChannel]:
     """Check the topology (it declares nothing), open the confirm channel and connect to
     the database (closed with ``opened``)."""
     if check:
         await check_topology(connection, settings)
     channel = await amqp.open_confirm_channel(connection)
-    exchange = await channel.get_exchange(EXCHANGE, ensure=False)
     conn = await postgres.connect(settings, application_name="expiry-produce")
     opened.push_async_callback(conn.close)
-    return conn, channel, exchange
+    return conn, channel
 
 
 async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T:
@@ -243,7 +244,7 @@ async def _unless_stopped(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> 
 
 async def scan_pass(
     conn: postgres.Connection,
-    exchange: AbstractExchange,
+    publisher: PagePublisher,
     settings: Settings,
     *,
     stop: asyncio.Event | None = None,
@@ -270,7 +271,7 @@ async def scan_pass(
                 await postgres.release_claims(conn, [hold.id for hold in batch])
                 break
             pending = previous
-            previous = Publishing(batch, settings.publish_timeout_seconds, exchange)
+            previous = Publishing(batch, settings.publish_timeout_seconds, publisher)
             if pending is not None:
                 await record_page(conn, settings, pending, result)
             if not page or len(page) < settings.scan_batch_size:
@@ -294,10 +295,10 @@ class Publishing:
     """One page's commands on their way: published at once, confirms awaited later."""
 
     def __init__(
-        self, batch: list[postgres.DueHold], timeout: float, exchange: AbstractExchange
+        self, batch: list[postgres.DueHold], timeout: float, publisher: PagePublisher
     ) -> None:
         self.batch = batch
-        self.task = asyncio.ensure_future(publish_batch(exchange, batch, timeout))
+        self.task = asyncio.ensure_future(publish_batch(publisher, batch, timeout))
 
 
 async def record_last_page(
@@ -356,34 +357,21 @@ async def claim_page(
 
 
 async def publish_batch(
-    exchange: AbstractExchange, batch: list[postgres.DueHold], timeout: float
+    publisher: PagePublisher, batch: list[postgres.DueHold], timeout: float
 ) -> list[postgres.DueHold]:
-    """Publish a page concurrently, one window of confirms with one deadline for the
-    whole window; return the holds whose commands the broker confirmed."""
-    if not batch:
-        return []
-    tasks = [
-        asyncio.ensure_future(
-            amqp.publish_confirmed(
-                exchange, messages.command_for(hold.id, hold.hold_until), ROUTING_KEY, timeout=None
-            )
-        )
+    """Publish a page, its commands' frames in one write and one deadline for all their
+    confirms; return the holds whose commands the broker confirmed."""
+    commands = [
+        Command(command_body(hold.id, hold.hold_until), message_id(hold.id, hold.hold_until))
         for hold in batch
     ]
-    _done, late = await asyncio.wait(tasks, timeout=timeout)
-    for task in late:
-        task.cancel()
-    await asyncio.gather(*late, return_exceptions=True)
+    outcomes = await publisher.publish(commands, timeout=timeout)
     confirmed: list[postgres.DueHold] = []
-    for hold, task in zip(batch, tasks, strict=True):
-        error = None if task.cancelled() else task.exception()
-        if task.cancelled() or isinstance(error, PublishNotConfirmed):
-            reason = f"no confirm within {timeout:g}s" if task.cancelled() else str(error)
+    for hold, reason in zip(batch, outcomes, strict=True):
+        if reason is None:
+            confirmed.append(hold)
+        else:
             log.warning(
                 "expiry.publish_failed", extra={"reservation_id": str(hold.id), "reason": reason}
             )
-        elif error is not None:
-            raise error
-        else:
-            confirmed.append(hold)
     return confirmed

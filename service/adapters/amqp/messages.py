@@ -20,6 +20,7 @@ from service.core.domain import command_body, message_id
 
 APP_ID = "expiry-service"
 COMMAND_TYPE = "expire"
+CONTENT_TYPE = "application/json"
 
 
 def command_for(reservation_id: UUID, hold_until: datetime) -> aio_pika.Message:
@@ -34,7 +35,7 @@ def command(
     dead letter's own)."""
     return aio_pika.Message(
         body,
-        content_type="application/json",
+        content_type=CONTENT_TYPE,
         delivery_mode=DeliveryMode.PERSISTENT,
         message_id=message_id_,
         type=COMMAND_TYPE,
