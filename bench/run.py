@@ -135,27 +135,42 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
 
 
 LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
+MAX_DOUBLINGS = 3  # the capacity search goes up to 8x the raw publish rate
 
 
 async def capacity(
     bench: Bench, options: Options, results: Results, say: Say, scanners: int = 1
 ) -> None:
     """The highest steady rate of due holds at which the p99 lag (deadline to expired)
-    stays within the scan interval + 1 s: bisection between nothing and this
-    repetition's raw publish rate (5 probes, 3 with --quick: within 1/32 or 1/8 of it),
-    each holds coming due for half the sustained run's duration."""
-    ceiling = results.figures["raw.publish"].by_repetition()[results.repetition]
+    stays within the scan interval + 1 s. The first probe is this repetition's raw
+    publish rate; while a probe keeps within the objective the next doubles it (at
+    most ``MAX_DOUBLINGS`` times), then bisection between the last rate within and the
+    first over (5 probes, 3 with --quick); each probe's holds come due over half the
+    sustained run's duration."""
+    ceiling = round(results.figures["raw.publish"].by_repetition()[results.repetition])
     objective = options.scan_every + LAG_OBJECTIVE_SECONDS
-    low, high = 0, round(ceiling)
-    for _ in range(3 if options.quick else 5):
-        rate = max(1, (low + high) // 2)
+
+    async def within(rate: int) -> bool:
         run = await bench.sustained(rate, options.duration / 2, scanners)
-        within = run.lag.p99 <= objective
+        ok = run.lag.p99 <= objective
         say(
             f"  capacity probe   {rate:,}/s for {options.duration / 2:g}s: lag p99 "
-            f"{run.lag.p99:.2f}s, {'within' if within else 'over'} {objective:g}s"
+            f"{run.lag.p99:.2f}s, {'within' if ok else 'over'} {objective:g}s"
         )
-        low, high = (rate, high) if within else (low, rate)
+        return ok
+
+    low, high = 0, max(1, ceiling)
+    for _ in range(MAX_DOUBLINGS):
+        if not await within(high):
+            break
+        low, high = high, high * 2
+    else:
+        low, high = high, high  # within even there: the search stops at this rate
+    for _ in range(3 if options.quick else 5):
+        if high - low <= 1:
+            break
+        rate = (low + high) // 2
+        low, high = (rate, high) if await within(rate) else (low, rate)
     label = f"capacity at lag p99 <= {objective:g}s, {consumers_label(options.sustained_consumers)}"
     scanning = f"{scanners} scanner{'s' if scanners > 1 else ''}"
     key = "capacity.rate" if scanners == 1 else f"capacity.scanners{scanners}"

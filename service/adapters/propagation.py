@@ -49,6 +49,7 @@ class SafePropagator(TextMapPropagator):
 
     def __init__(self, inner: TextMapPropagator) -> None:
         self.inner = inner
+        self._fields = set(inner.fields)
 
     def extract(
         self,
@@ -57,7 +58,9 @@ class SafePropagator(TextMapPropagator):
         getter: Getter[CarrierT] = default_getter,
     ) -> otel_context.Context:
         base = context if context is not None else otel_context.get_current()
-        clean = text_values(carrier, set(self.inner.fields))
+        clean = text_values(carrier, self._fields)
+        if not clean:  # nothing to read (most deliveries of an untraced publisher)
+            return base
         try:
             return self.inner.extract(clean, context=base)
         except Exception:  # a value the propagator could not read: no parent, no harm

@@ -72,6 +72,10 @@ class Item:
             log.exception("expiry.report_failed", extra={"message_id": self.message_id})
 
 
+def _kept(span_context: trace.SpanContext) -> bool:
+    return span_context.is_valid and span_context.trace_flags.sampled
+
+
 def settle_items(items: list[Item], rows: dict[UUID, BatchRow]) -> None:
     """Give each item its outcome: the first copy of an id its row's, later copies theirs."""
     first: dict[UUID, Expiry] = {}
@@ -164,7 +168,12 @@ class Batcher:
         for item in batch:
             ids.setdefault(item.reservation_id, item)
         parent = batch[0].context if len(batch) == 1 else otel_context.Context()
-        links = [trace.Link(item.span_context) for item in batch if item.span_context.is_valid]
+        # Links to the spans that are kept (sampled): a link to a dropped span leads nowhere.
+        links = [
+            trace.Link(item.span_context)
+            for item in batch
+            if item.span_context.is_valid and item.span_context.trace_flags.sampled
+        ]
         with tracer.start_as_current_span(
             "expire reservations",
             context=parent,

@@ -83,7 +83,6 @@ class Consumer:
         delivery = Delivery.of(message, self.tracer)
         self.in_flight.begin()
         try:
-            self.reporter.arrived(delivery)
             self._route(delivery)
         except Exception as exc:  # a bug before it was handed on: it must still be settled
             self.reporter.unhandled(delivery, exc)

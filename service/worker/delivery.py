@@ -77,6 +77,26 @@ def short_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__} (sqlstate {sqlstate})" if sqlstate else type(exc).__name__
 
 
+def arrival_attributes(message: Incoming, attempt: Attempt) -> dict[str, str | int | bool]:
+    """A consumer span's attributes from the start: the messaging semantic conventions'
+    and ours (``expiry.*``)."""
+    attributes: dict[str, str | int | bool] = {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        # RabbitMQ's destination is the exchange the message was published to.
+        "messaging.destination.name": message.exchange or "",
+        "messaging.message.id": attempt.message_id,
+        "expiry.attempt": attempt.number,
+        "expiry.redelivered": bool(message.redelivered),
+    }
+    if message.routing_key:
+        attributes["messaging.rabbitmq.destination.routing_key"] = message.routing_key
+    if message.delivery_tag is not None:
+        attributes["messaging.rabbitmq.message.delivery_tag"] = message.delivery_tag
+    return attributes
+
+
 @dataclass(eq=False)
 class Delivery:
     """One delivery being handled.
@@ -107,7 +127,10 @@ class Delivery:
             return delivery
         parent = propagate.extract(message.headers or {})  # untrusted: see propagation.py
         span = tracer.start_span(
-            f"{message.exchange or QUEUE} process", context=parent, kind=SpanKind.CONSUMER
+            f"{message.exchange or QUEUE} process",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=arrival_attributes(message, delivery.attempt),
         )
         # Unsampled too: what it leads to (its batch of one, say) follows its decision.
         delivery.trace_context = trace.set_span_in_context(span, parent)

@@ -1,5 +1,6 @@
 """What the consumer says about each delivery: the log line, the metrics and the span
-attributes, each once and only here.
+attributes, each once and only here (the attributes a delivery arrives with are given to
+its span as it starts: ``delivery.arrival_attributes``).
 
 At ``INFO`` the log carries what an operator acts on: every retry, dead letter, refused
 copy and bug, each as it happens, and every ``SUMMARY_SECONDS`` one ``expiry.summary``
@@ -59,29 +60,6 @@ class Reporter:
                 **{name: counts[name] for name in SUMMARY_COUNTS},
             },
         )
-
-    def arrived(self, delivery: Delivery) -> None:
-        """The messaging semantic conventions' attributes, and ours (``expiry.*``), on the
-        consumer span (when tracing)."""
-        span = delivery.span
-        if not span.is_recording():
-            return
-        message = delivery.message
-        attributes: dict[str, str | int | bool] = {
-            "messaging.system": "rabbitmq",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            # RabbitMQ's destination is the exchange the message was published to.
-            "messaging.destination.name": message.exchange or "",
-            "messaging.message.id": delivery.attempt.message_id,
-            "expiry.attempt": delivery.attempt.number,
-            "expiry.redelivered": bool(message.redelivered),
-        }
-        if message.routing_key:
-            attributes["messaging.rabbitmq.destination.routing_key"] = message.routing_key
-        if message.delivery_tag is not None:
-            attributes["messaging.rabbitmq.message.delivery_tag"] = message.delivery_tag
-        span.set_attributes(attributes)
 
     def parsed(self, delivery: Delivery) -> None:
         """Its body named a reservation."""
