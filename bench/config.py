@@ -35,6 +35,7 @@ def endpoints_from(env: Mapping[str, str]) -> Endpoints:
 # What --only may name (the raw limits always run: every ratio needs them).
 PHASES = (
     "backlog",
+    "metrics",
     "per-message",
     "peer",
     "traced",

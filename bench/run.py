@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable, Mapping
 
 from bench.config import Options
 from bench.phases import PER_MESSAGE_ENV, Bench, ConsumeRun, ScanRun
@@ -14,6 +15,13 @@ Say = Callable[[str], None]
 
 MEMORY_LIMIT_MB = 150.0
 LAG_BUDGET_SECONDS = 2.0  # plus the scan interval
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a consumer's metrics endpoint)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def consumers_label(count: int) -> str:
@@ -109,29 +117,57 @@ async def limits(bench: Bench, results: Results, say: Say) -> None:
 
 
 async def service_runs(bench: Bench, options: Options, results: Results, say: Say) -> None:
-    """The real commands: batched consumers (each K), the per-message path, tracing, locked
-    rows, the sustained run and the capacity search (those ``--only`` names, if given)."""
-    if options.runs("backlog"):
-        for count in options.consumers:
-            scan, run = await bench.backlog(count)
-            record_scan(results, scan, say)
-            record_consume(results, f"k{count}", f"{consumers_label(count)} (default)", run, say)
-    if options.runs("per-message"):
-        scan, run = await bench.backlog(1, PER_MESSAGE_ENV)
-        record_scan(results, scan, say)
-        record_consume(results, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", run, say)
-    if options.runs("peer"):
-        await peer(bench, results, say)
-    if options.runs("traced"):
-        await traced(bench, results, say)
-    if options.runs("locked"):
-        await locked_rows(bench, options, results, say)
-    if options.runs("sustained"):
-        await sustained(bench, options, results, say)
-    if options.runs("capacity"):
-        await capacity(bench, options, results, say)
-    if options.runs("scanners"):
-        await capacity(bench, options, results, say, scanners=2)
+    """The real commands: batched consumers (each K), one with its /metrics on, the
+    per-message path, the peer, tracing, locked rows, the sustained run and the capacity
+    searches (those ``--only`` names, if given)."""
+    phases: dict[str, Callable[[], Awaitable[None]]] = {
+        "backlog": lambda: backlogs(bench, options, results, say),
+        "metrics": lambda: one_backlog(
+            bench, results, say, "metrics", "1 consumer, /metrics on", metrics_env()
+        ),
+        "per-message": lambda: one_backlog(
+            bench, results, say, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", PER_MESSAGE_ENV
+        ),
+        "peer": lambda: peer(bench, results, say),
+        "traced": lambda: traced(bench, results, say),
+        "locked": lambda: locked_rows(bench, options, results, say),
+        "sustained": lambda: sustained(bench, options, results, say),
+        "capacity": lambda: capacity(bench, options, results, say),
+        "scanners": lambda: capacity(bench, options, results, say, scanners=2),
+    }
+    for phase, run in phases.items():
+        if options.runs(phase):
+            await run()
+
+
+async def backlogs(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """The backlog drain with the shipped settings, for each number of consumers."""
+    for count in options.consumers:
+        env: dict[str, str] = {}
+        await one_backlog(
+            bench, results, say, f"k{count}", f"{consumers_label(count)} (default)", env, count
+        )
+
+
+async def one_backlog(
+    bench: Bench,
+    results: Results,
+    say: Say,
+    key: str,
+    label: str,
+    env: Mapping[str, str],
+    consumers: int = 1,
+) -> None:
+    """One backlog drain: the scan, then ``consumers`` consumers with ``env``."""
+    scan, run = await bench.backlog(consumers, env)
+    record_scan(results, scan, say)
+    record_consume(results, key, label, run, say)
+
+
+def metrics_env() -> dict[str, str]:
+    """A consumer serving /metrics (the Prometheus reader and the instruments on), as an
+    operator who alerts on it runs it."""
+    return {"EXPIRY_HTTP_PORT": str(free_port())}
 
 
 LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
@@ -357,6 +393,7 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
     pairs = [
         ("per-message path vs raw consume + ack", "e2e.per_message", "raw.consume"),
         ("1 consumer, 5% of rows locked (the others) vs none locked", "locked.rate", "e2e.k1"),
+        ("1 consumer, /metrics on (EXPIRY_HTTP_PORT) vs off", "e2e.metrics", "e2e.k1"),
         ("capacity, 2 scanners vs 1", "capacity.scanners2", "capacity.rate"),
         ("batched update (no broker) vs raw consume + ack", "db.batched", "raw.consume"),
         ("end-to-end, 1 consumer vs batched update (no broker)", "e2e.k1", "db.batched"),

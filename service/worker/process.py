@@ -97,6 +97,7 @@ async def _consume(
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
     await runtime.batcher.close()
+    metrics.flush()  # the counts of the last turn, for a last scrape or push
     runtime.reporter.summarize()  # what the last interval did
     for channel in (publish_channel, record_channel, consume_channel):
         await channel.close()

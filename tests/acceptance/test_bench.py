@@ -24,7 +24,7 @@ FIGURES = [
     "db.batched",
     "scan.rate",
     "scan.rss",
-    *(f"{what}.{run}" for run in ("k1", "k2", "per_message") for what in RUN_FIGURES),
+    *(f"{what}.{run}" for run in ("k1", "k2", "metrics", "per_message") for what in RUN_FIGURES),
     "e2e.peer",
     "cpu_us.peer",
     *(f"{what}.trace100" for what in (*RUN_FIGURES, "spans")),
@@ -80,7 +80,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert len(targets) == 11
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 6
+    assert len(ratios) == 7
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)
