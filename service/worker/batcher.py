@@ -73,6 +73,7 @@ class Item:
 
 
 def _kept(span_context: trace.SpanContext) -> bool:
+    """A span that is exported (a valid context, sampled)."""
     return span_context.is_valid and span_context.trace_flags.sampled
 
 
@@ -169,11 +170,7 @@ class Batcher:
             ids.setdefault(item.reservation_id, item)
         parent = batch[0].context if len(batch) == 1 else otel_context.Context()
         # Links to the spans that are kept (sampled): a link to a dropped span leads nowhere.
-        links = [
-            trace.Link(item.span_context)
-            for item in batch
-            if item.span_context.is_valid and item.span_context.trace_flags.sampled
-        ]
+        links = [trace.Link(item.span_context) for item in batch if _kept(item.span_context)]
         with tracer.start_as_current_span(
             "expire reservations",
             context=parent,

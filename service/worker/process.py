@@ -65,8 +65,9 @@ async def _consume(
     metrics: Metrics,
     backlog_every: float | None,
 ) -> None:
-    # The consumer declares nothing (it may not configure): it checks the topology,
-    # and takes its queues with passive declares, which a reconnect repeats.
+    # The consumer declares nothing (it may not configure): it checks the topology, then
+    # consumes the work queue (QueueConsumer consumes again after a reconnect) and takes
+    # the dead-letter log with a passive declare, which a reconnect repeats.
     await check_topology(connection, settings)
     consume_channel = await connection.channel(publisher_confirms=False)
     await consume_channel.set_qos(prefetch_count=settings.prefetch)
