@@ -76,12 +76,13 @@ async def _consume(
     await record_channel.set_qos(prefetch_count=RECORDER_PREFETCH)
     runtime = await assemble(settings, pool, publish_channel, metrics)
     in_flight = runtime.in_flight
-    # The work queue on aiormq (its hot path: see consuming.py), the dead-letter log on
-    # aio-pika's robust queue.
-    work = QueueConsumer(consume_channel, QUEUE, runtime.consumer.on_message)
-    await work.start()
+    # The dead-letter log on aio-pika's robust queue, then the work queue on aiormq (its
+    # hot path: see consuming.py), last: once the broker lists a consumer of the work
+    # queue, the consumer has started.
     dead_log = await record_channel.declare_queue(DEAD_LOG_QUEUE, passive=True)
     dead_log_tag = await dead_log.consume(runtime.recorder.on_message)
+    work = QueueConsumer(consume_channel, QUEUE, runtime.consumer.on_message)
+    await work.start()
     log.info("consumer.started", extra={"queue": QUEUE, "prefetch": settings.prefetch})
     reporter = runtime.reporter
     async with _sidecars(settings, pool, work, stop, metrics, backlog_every, reporter):

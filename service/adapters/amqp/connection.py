@@ -83,6 +83,12 @@ class ClusterConnection(aio_pika.RobustConnection):
         await super().close(exc)
 
 
+# What connecting to a node that does not answer raises. aiormq's handshake raises
+# StopAsyncIteration (from its frame reader) when the peer closed before sending a
+# frame, as a port that accepts and resets does (a dying node, a proxy that refuses).
+UNREACHABLE = (OSError, aiormq.exceptions.AMQPError, TimeoutError, EOFError, StopAsyncIteration)
+
+
 async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     """Connect to the first reachable node of ``AMQP_URL``; reconnects on loss, to
     the other nodes of the list too."""
@@ -94,7 +100,7 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     for index, url in enumerate(nodes):
         try:
             connection = await _connect_node(url, settings.publish_timeout_seconds)
-        except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
+        except UNREACHABLE as exc:
             log.warning(
                 "broker.unreachable", extra={"url": redact(str(url)), "error": _describe(exc)}
             )
