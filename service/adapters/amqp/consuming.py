@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 2.0  # between attempts to consume again (the broker cancelled us, or refused)
 REOPEN_POLL_SECONDS = 0.05  # while the robust channel has not yet replaced a closed one
-CONSUME_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 
 
 class Incoming(Protocol):
@@ -226,7 +225,7 @@ class QueueConsumer:
                 await asyncio.sleep(pause)
                 try:
                     await self._consume()
-                except CONSUME_ERRORS as exc:
+                except Exception as exc:  # any failure: a consumer that stops trying is an outage
                     log.warning(
                         "broker.consume_failed",
                         extra={"queue": self.queue, "error": type(exc).__name__},
