@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 from functools import partial
 
-import aiormq.exceptions
 from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import amqp, lifecycle, postgres
@@ -92,7 +91,7 @@ async def _consume(
         for name, cancel in stopping:
             try:
                 await cancel()
-            except CANCEL_ERRORS:
+            except amqp.CHANNEL_ERRORS:
                 log.warning("consumer.cancel_failed", extra={"queue": name})
         abandoned = await in_flight.drain(settings.shutdown_timeout_seconds)
     if abandoned:
@@ -110,9 +109,6 @@ async def _summarize_every(reporter: Reporter, seconds: float) -> None:
     while True:
         await asyncio.sleep(seconds)
         reporter.summarize()
-
-
-CANCEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 
 
 @contextlib.asynccontextmanager

@@ -1,11 +1,12 @@
 """RabbitMQ: connections with node failover, confirmed publishing, settling deliveries."""
 
 from service.adapters.amqp.connection import (
-    SETTLE_ERRORS,
+    CHANNEL_ERRORS,
     ClusterConnection,
     SettleAction,
     connect,
     connection_url,
+    not_confirmed_reason,
     open_confirm_channel,
     publish_confirmed,
     settle,
@@ -13,11 +14,12 @@ from service.adapters.amqp.connection import (
 )
 
 __all__ = [
-    "SETTLE_ERRORS",
+    "CHANNEL_ERRORS",
     "ClusterConnection",
     "SettleAction",
     "connect",
     "connection_url",
+    "not_confirmed_reason",
     "open_confirm_channel",
     "publish_confirmed",
     "settle",

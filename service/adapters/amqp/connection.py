@@ -147,26 +147,29 @@ async def publish_confirmed(
     """Publish mandatory and wait for the broker's confirm, or raise ``PublishNotConfirmed``."""
     try:
         await exchange.publish(message, routing_key, mandatory=True, timeout=timeout)
-    except aiormq.exceptions.PublishError as exc:
-        raise PublishNotConfirmed(f"unroutable: returned by the broker ({exc})") from exc
-    except aiormq.exceptions.DeliveryError as exc:
-        raise PublishNotConfirmed("nacked by the broker") from exc
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        if isinstance(exc, asyncio.CancelledError) and _cancelling():
+    except asyncio.CancelledError as exc:
+        if _cancelling():
             raise
-        raise PublishNotConfirmed(f"no confirm within {timeout or 0:g}s") from exc
-    except (
-        aiormq.exceptions.AMQPError,
-        aiormq.exceptions.ChannelInvalidStateError,
-        OSError,
-    ) as exc:
-        raise PublishNotConfirmed(
-            f"channel lost before the confirm ({type(exc).__name__})"
-        ) from exc
+        raise PublishNotConfirmed(not_confirmed_reason(exc, timeout)) from exc
+    except CHANNEL_ERRORS as exc:  # returned and nacked ones too: AMQPErrors
+        raise PublishNotConfirmed(not_confirmed_reason(exc, timeout)) from exc
 
 
-# What an ack or a nack can raise when the broker can no longer be told.
-SETTLE_ERRORS = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, OSError)
+# What a channel's calls (a publish, an ack, a cancel) raise when the broker can no
+# longer be told: the channel or its connection is gone, or the broker refused.
+CHANNEL_ERRORS = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, OSError)
+
+
+def not_confirmed_reason(exc: BaseException, timeout: float | None) -> str:
+    """Why a publish was not confirmed, from what it raised: returned, nacked, no confirm
+    within ``timeout``, or its channel lost."""
+    if isinstance(exc, aiormq.exceptions.PublishError):
+        return f"unroutable: returned by the broker ({exc})"
+    if isinstance(exc, aiormq.exceptions.DeliveryError):
+        return "nacked by the broker"
+    if isinstance(exc, TimeoutError | asyncio.CancelledError):
+        return f"no confirm within {timeout or 0:g}s"
+    return f"channel lost before the confirm ({type(exc).__name__})"
 
 
 SettleAction = Callable[[], Awaitable[None]]
@@ -180,7 +183,7 @@ async def settle(action: SettleAction, message_id: str) -> bool:
     """
     try:
         await action()
-    except SETTLE_ERRORS as exc:
+    except CHANNEL_ERRORS as exc:
         settle_failed(exc, message_id)
         return False
     return True

@@ -23,7 +23,6 @@ marshalled by pamqp).
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,9 +38,8 @@ from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 from pamqp.header import ContentHeader
 
+from service.adapters.amqp.connection import CHANNEL_ERRORS, not_confirmed_reason
 from service.adapters.amqp.messages import APP_ID, COMMAND_TYPE, CONTENT_TYPE
-
-log = logging.getLogger(__name__)
 
 FRAME_END = b"\xce"
 HEADER_FRAME, BODY_FRAME = 2, 3
@@ -50,7 +48,6 @@ PERSISTENT = 2
 # Property flags of a command: content-type, delivery-mode, message-id, type, app-id.
 COMMAND_FLAGS = 0x8000 | 0x1000 | 0x0080 | 0x0020 | 0x0008
 _FRAME_HEAD = struct.Struct(">BHI")
-CHANNEL_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 _HEADER_HEAD = struct.Struct(">HHQH")
 
 
@@ -175,10 +172,8 @@ class PagePublisher:
                     underlay, self.exchange, self.routing_key, commands, headers
                 )
             outcomes = await _outcomes(confirmations, deadline, timeout)
-        except TimeoutError:
-            outcomes = [f"no confirm within {timeout:g}s"] * len(commands)
-        except CHANNEL_ERRORS as exc:
-            outcomes = [f"channel lost before the confirm ({type(exc).__name__})"] * len(commands)
+        except CHANNEL_ERRORS as exc:  # the deadline (a TimeoutError) too
+            outcomes = [not_confirmed_reason(exc, timeout)] * len(commands)
         except BaseException:
             _end_spans(spans, ["cancelled"] * len(commands))
             raise
@@ -274,18 +269,14 @@ async def _outcomes(
 
 
 def _reason(future: asyncio.Future[Any], timeout: float) -> str | None:
-    if future.cancelled():
-        return f"no confirm within {timeout:g}s"
+    if future.cancelled():  # by ``_outcomes``, at the deadline
+        return not_confirmed_reason(TimeoutError(), timeout)
     error = future.exception()
-    if error is None:
-        if isinstance(future.result(), spec.Basic.Ack):
-            return None
-        return "unroutable: returned by the broker"
-    if isinstance(error, aiormq.exceptions.PublishError):
-        return f"unroutable: returned by the broker ({error})"
-    if isinstance(error, aiormq.exceptions.DeliveryError):
-        return "nacked by the broker"
-    return f"channel lost before the confirm ({type(error).__name__})"
+    if error is not None:
+        return not_confirmed_reason(error, timeout)
+    if isinstance(future.result(), spec.Basic.Ack):
+        return None
+    return "unroutable: returned by the broker"  # a channel that returns without raising
 
 
 def _forget(channel: object, commands: Sequence[Command]) -> None:
