@@ -46,6 +46,8 @@ async def test_a_page_is_confirmed_command_by_command_in_the_contract_format(
     same where the channel takes no pages (``basic_publish`` one by one)."""
     if one_by_one:
         monkeypatch.setattr(pages, "supports_pages", lambda _channel: False)
+    else:  # the aiormq of the lock takes pages: this is the path the scan takes
+        assert pages.supports_pages(await channel.get_underlay_channel())
     page = commands(300)
     outcomes = await PagePublisher(channel, EXCHANGE, ROUTING_KEY).publish(page, timeout=10)
     assert outcomes == [None] * len(page)
