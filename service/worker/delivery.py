@@ -18,11 +18,10 @@ from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
     MAX_ATTEMPT,
-    MESSAGE_ID_LIMIT,
     bounded_int,
     headers_of,
+    message_id_of,
     recent_millis,
-    text_of,
 )
 from service.core.topology import QUEUE
 
@@ -44,7 +43,9 @@ def now_ms() -> int:
 
 
 def read_attempt(message: Incoming, now_ms: int) -> Attempt:
-    """Read the attempt number and first-seen time from our headers (defaults: 1, now).
+    """Read the attempt number and first-seen time from our headers (defaults: 1, now),
+    and the message id its dead-letter record and crash counter use (one derived from
+    the body when the sender set none: the log line and the record name it alike).
 
     Never raises: the headers are untrusted (``service.core.inputs``); a value out
     of bounds counts as absent.
@@ -54,7 +55,7 @@ def read_attempt(message: Incoming, now_ms: int) -> Attempt:
     return Attempt(
         number=bounded_int(headers.get(ATTEMPT_HEADER), 1, MAX_ATTEMPT) or 1,
         first_seen_ms=now_ms if first_seen is None else min(now_ms, first_seen),
-        message_id=text_of(message.message_id, MESSAGE_ID_LIMIT) or "-",
+        message_id=message_id_of(message.message_id, message.body),
     )
 
 
@@ -66,7 +67,7 @@ def attempt_of(message: Incoming) -> Attempt:
         return read_attempt(message, now)
     except Exception:
         log.exception("expiry.unreadable_headers")
-        return Attempt(number=1, first_seen_ms=now, message_id="-")
+        return Attempt(number=1, first_seen_ms=now, message_id=message_id_of(None, message.body))
 
 
 def short_reason(exc: BaseException) -> str:

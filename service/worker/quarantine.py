@@ -14,7 +14,6 @@ import asyncio
 from uuid import UUID
 
 from service.adapters.postgres import Expiry
-from service.core.dead_letter import stable_message_id
 from service.core.errors import CrashLoop
 from service.worker.delivery import Delivery
 from service.worker.failpoints import Failpoints
@@ -33,8 +32,7 @@ class Quarantine:
 
     async def expire(self, delivery: Delivery, reservation_id: UUID) -> Expiry:
         """The guarded update for a suspect, alone; ``CrashLoop`` past the limit."""
-        message_id = delivery.attempt.message_id
-        key = stable_message_id(None if message_id == "-" else message_id, delivery.message.body)
+        key = delivery.attempt.message_id  # the dead-letter record's id too
         async with self.lock:
             handled = await self.store.mark_handling(key)
             if handled > CRASH_LIMIT:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 
 from service.adapters.amqp.connection import settle
+from service.core.dead_letter import build_record
 from service.core.errors import PoisonMessage
 from service.worker.delivery import read_attempt, short_reason
 
@@ -16,9 +18,12 @@ from service.worker.delivery import read_attempt, short_reason
 class FakeMessage:
     """Just the attributes read_attempt looks at."""
 
-    def __init__(self, headers: dict[str, Any] | None, message_id: str | None = "m") -> None:
+    def __init__(
+        self, headers: dict[str, Any] | None, message_id: str | None = "m", body: bytes = b"{}"
+    ) -> None:
         self.headers = headers
         self.message_id = message_id
+        self.body = body
 
 
 @pytest.mark.parametrize(
@@ -39,6 +44,19 @@ def test_read_attempt_trusts_nothing(
     """Missing or garbage headers fall back to attempt 1, first seen now."""
     attempt = read_attempt(FakeMessage(headers), now_ms=5000)  # type: ignore[arg-type]
     assert (attempt.number, attempt.first_seen_ms) == expected
+
+
+@pytest.mark.parametrize("message_id", [None, "", "   "])
+def test_a_delivery_without_a_message_id_is_named_as_its_dead_letter_record_names_it(
+    message_id: str | None,
+) -> None:
+    """The id the consumer logs for a message without one is the record's (derived from
+    the body), never "-": the log line and the dead-letter record can be matched."""
+    body = b"not json"
+    attempt = read_attempt(FakeMessage(None, message_id, body), now_ms=5000)  # type: ignore[arg-type]
+    record = build_record(None, body, message_id, datetime.now(UTC))
+    assert attempt.message_id == record.message_id
+    assert attempt.message_id.startswith("nomid:")
 
 
 def test_short_reason_keeps_our_words_and_only_the_type_of_others() -> None:
