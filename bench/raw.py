@@ -47,7 +47,7 @@ class Measured:
 
 def work_queue_arguments() -> dict[str, ArgValue]:
     """The arguments the service declares its work queue with."""
-    (work,) = [q for q in build_topology((1,)).queues if q.name == QUEUE]
+    (work,) = [q for q in build_topology((1,), jitter=0.0, slots=1).queues if q.name == QUEUE]
     return dict(work.arguments)
 
 

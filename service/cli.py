@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from service.adapters.classify import schema_missing
 from service.adapters.telemetry import setup_logging
 from service.core.errors import ConfigError, UsageError
 from service.core.redaction import redact
@@ -21,6 +22,8 @@ from service.settings import Settings, load_settings
 
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+EXIT_NOT_MIGRATED = 5  # a table or column is missing: run the migrations
+MIGRATE_COMMAND = "python -m service.migrate"
 
 Number = TypeVar("Number", int, float)
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -66,10 +69,24 @@ def invoked_as(prog: str) -> str:
     return name if name.startswith("expiry-") else prog
 
 
+VERBOSE_HELP = "print the cause chain and the traceback on failure"
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The options every subcommand takes too (its ``parents``): ``--verbose``, after the
+    subcommand as well as before it."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand without it keeps what was given before the subcommand.
+    common.add_argument(
+        "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+    )
+    return common
+
+
 def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     """Parse arguments, load settings, run ``command`` and exit with its code."""
     parser.prog = invoked_as(parser.prog)
-    parser.add_argument("--verbose", action="store_true", help="print tracebacks on failure")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args()
     try:
         settings = load_settings()
@@ -86,8 +103,7 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         print(f"{parser.prog}: refused: {redact(str(exc))}", file=sys.stderr)
         code = EXIT_CONFIG
     except Exception as exc:
-        report_failure(parser.prog, exc, verbose=args.verbose)
-        code = EXIT_FAILURE
+        code = report_failure(parser.prog, exc, verbose=args.verbose)
     sys.exit(code)
 
 
@@ -106,11 +122,22 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def report_failure(prog: str, exc: BaseException, *, verbose: bool) -> None:
-    """One redacted line on stderr; with ``verbose`` the cause chain and the traceback too."""
+def report_failure(prog: str, exc: BaseException, *, verbose: bool) -> int:
+    """One redacted line on stderr (with ``verbose`` the cause chain and the traceback
+    too); the exit code: EXIT_NOT_MIGRATED when a table or column is missing, else
+    EXIT_FAILURE."""
     chain = cause_chain(exc)
-    print(f"{prog}: failed: {chain[0]}", file=sys.stderr)
+    missing = schema_missing(exc)
+    if missing is not None:
+        print(
+            f"{prog}: the database is not migrated, or by an older release ({redact(missing)}): "
+            f"run {MIGRATE_COMMAND}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{prog}: failed: {chain[0]}", file=sys.stderr)
     if verbose:
         for line in chain[1:]:
             print(f"  caused by {line}", file=sys.stderr)
         sys.stderr.write(redact("".join(traceback.format_exception(exc))))
+    return EXIT_FAILURE if missing is None else EXIT_NOT_MIGRATED

@@ -13,6 +13,7 @@ import logging
 
 from service.adapters import lifecycle
 from service.adapters.metrics import Metrics
+from service.adapters.postgres.schema import require_current_schema
 from service.cli import run_command
 from service.settings import Settings
 from service.worker.process import BACKLOG_REFRESH_SECONDS, run
@@ -21,6 +22,8 @@ log = logging.getLogger("service.consume")
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:
+    async with lifecycle.database(settings, name="expiry-consume") as conn:
+        await require_current_schema(conn)  # else every delivery would fail, then die
     with (
         lifecycle.stop_on_signals(asyncio.Event()) as stop,
         lifecycle.telemetry_for(settings, "consume", metrics=True) as installed,

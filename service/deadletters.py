@@ -1,11 +1,12 @@
-"""``python -m service.deadletters``: list, show, replay, assign, note, close and reopen
+"""``python -m service.deadletters``: list, show, replay, assign, note, close, reopen and tidy
 dead-lettered commands.
 
-What each action does is ``service/ops/dead_letters.py``'s (selection, what a
-replay will do, who may) and ``service/ops/replay.py``'s (republish with
-confirms, then take off the dead queue, audited); this module reads the
-command line, opens the database (and, to replay, the broker), prints and
-chooses the exit code.
+What each action does is ``service/ops``': what an act selects and how its
+confirmation acts on exactly what its dry run showed (``plans.py``), what a
+replay will do and who may (``dead_letters.py``), the replay itself
+(``replay.py``) and the walk of the dead queue (``dead_queue.py``). This module
+reads the command line, opens the database (and, where needed, the broker),
+prints and chooses the exit code.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import asyncio
 import json
 import re
 import sys
+from typing import Any
 
 from service.adapters import lifecycle, postgres
-from service.cli import run_command
+from service.adapters.amqp.connection import UNREACHABLE
+from service.cli import common_options, run_command
 from service.core.errors import UsageError
-from service.ops import dead_letters, replay
+from service.ops import dead_letters, dead_queue, plans, replay
 from service.settings import Settings
 
 NAME = "expiry-deadletters"
@@ -56,7 +59,7 @@ async def list_command(settings: Settings, args: argparse.Namespace) -> int:
 async def show_command(settings: Settings, args: argparse.Namespace) -> int:
     """``show``: everything known about one dead letter; 1 if there is none."""
     async with lifecycle.database(settings, name=NAME) as conn:
-        detail = await dead_letters.read_detail(conn, args.id)
+        detail = await dead_letters.read_detail(conn, args.id, settings)
     if detail is None:
         print(dead_letters.not_found(args.id))
         return 1
@@ -64,81 +67,149 @@ async def show_command(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def selection_of(args: argparse.Namespace) -> plans.Selection:
+    """Named dead letters, or (``--all``) the group the filters describe."""
+    if args.all:
+        group = plans.Group(args.error_class, args.give_up, args.status)
+        return plans.Selection(group=group)
+    if args.error_class or args.give_up or args.status:
+        raise UsageError("--error-class, --give-up and --status select a group: add --all")
+    return plans.Selection(keys=plans.keys_of(args.ids))
+
+
 async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
-    """``replay``: republish the selected dead letters (or, dry, say what that would do)."""
+    """``replay``: the dry run, then (confirmed for a group) the replay of exactly what it
+    listed; the dead letters left out, and the group's newcomers, are named."""
     actor = dead_letters.actor_named(args.operator)
     async with lifecycle.database(settings, name=NAME) as conn:
-        key = None if args.all else args.id
-        rows = await dead_letters.select(conn, key, error_class=args.error_class, limit=args.limit)
-        expectations = await dead_letters.expectations(conn, rows)
+        planned, rows = await plans.plan(conn, "replay", selection_of(args), args.limit)
+        shown = replay.dry_run(rows, await dead_letters.expectations(conn, rows, settings))
+        lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
         if args.dry_run:
-            results = replay.dry_run(rows, expectations)
-        else:
-            why = dead_letters.refusal(settings, actor) or await unconfirmed(args, actor, len(rows))
-            if why is not None:
-                await dead_letters.refuse(conn, actor, rows, why)
-            async with lifecycle.broker(settings, name=f"{NAME} {actor.operator}") as connection:
-                results = await replay.replay(settings, conn, connection, rows, actor, expectations)
-    print("\n".join(replay.report_lines(results, dry_run=args.dry_run)))
+            return _print(args, lines, {"plan": [r.as_json() for r in shown]}, planned)
+        if not planned.items:
+            empty = replay.report_lines([], dry_run=False) + plans.tail_lines(planned)
+            return _print(args, empty, {"results": [], "left_out": []}, planned)
+        why = dead_letters.refusal(settings, actor) or await unconfirmed(
+            args, actor, lines, len(rows)
+        )
+        if why is not None:
+            await dead_letters.refuse(conn, actor, rows, why)
+        confirmed = await plans.confirm(conn, planned)
+        expectations = await dead_letters.expectations(conn, confirmed.rows, settings)
+        async with lifecycle.broker(settings, name=f"{NAME} {actor.operator}") as connection:
+            results = await replay.replay(
+                settings, conn, connection, confirmed.rows, actor, expectations
+            )
+    lines = replay.report_lines(results, dry_run=False) + confirmed.lines()
+    machine = {"results": [r.as_json() for r in results], "left_out": _left_out(confirmed)}
+    _print(args, lines, machine, planned)
     return 1 if replay.any_failed(results) else 0
 
 
-# What each act selects: only open dead letters are assigned, noted or closed; only
-# closed ones are reopened.
-ACT_STATUSES = {
-    "assign": dead_letters.OPEN,
-    "note": dead_letters.OPEN,
-    "close": ("dead",),
-    "reopen": ("closed",),
-}
-
-
 async def act_command(settings: Settings, args: argparse.Namespace) -> int:
-    """``assign``, ``note``, ``close``, ``reopen``: one dead letter, or a group (audited)."""
+    """``assign``, ``note``, ``close``, ``reopen``: named dead letters, or a group (its
+    list shown and confirmed first); each act audited."""
     actor = dead_letters.actor_named(args.operator)
     async with lifecycle.database(settings, name=NAME) as conn:
-        rows = await dead_letters.select(
-            conn,
-            None if args.all else args.id,
-            error_class=args.error_class,
-            give_up=args.give_up,
-            limit=args.limit,
-            statuses=ACT_STATUSES[args.action],
-            doing=args.action,
-        )
-        why = await unconfirmed(args, actor, len(rows), args.action)
+        planned, rows = await plans.plan(conn, args.action, selection_of(args), args.limit)
+        lines = plans.plan_lines(planned, rows)
+        if not planned.items:
+            print("\n".join(lines))
+            return 0
+        why = await unconfirmed(args, actor, lines, len(rows), args.action)
         if why is not None:
             raise UsageError(why)
-        results = await dead_letters.act(conn, settings, actor, rows, args.action, args.text)
-    print("\n".join(dead_letters.act_lines(results, args.action)))
+        confirmed = await plans.confirm(conn, planned)
+        results = await dead_letters.act(
+            conn, settings, actor, confirmed.rows, args.action, args.text
+        )
+        lines = dead_letters.act_lines(results, args.action) + confirmed.lines()
+        if args.action == "close":
+            lines.append(await _remove_closed(settings, conn, results))
+    print("\n".join(line for line in lines if line))
     return 0
 
 
+async def _remove_closed(
+    settings: Settings, conn: postgres.Connection, results: list[dead_letters.ActResult]
+) -> str:
+    """Take the closed dead letters' messages off the dead queue (their records keep them)."""
+    keys = {r.message_id for r in results if r.outcome == "closed"}
+    if not keys:
+        return ""
+    try:
+        async with lifecycle.broker(settings, name=NAME) as connection:
+            return await dead_queue.remove_copies(settings, conn, connection, keys)
+    except UNREACHABLE:
+        return await dead_queue.remove_copies(settings, conn, None, keys)
+
+
+async def tidy_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``tidy``: take the copies of closed and replayed dead letters off the dead queue."""
+    actor = dead_letters.actor_named(args.operator)
+    if not args.dry_run and (why := dead_letters.refusal(settings, actor, "tidy")) is not None:
+        raise UsageError(why)
+    async with (
+        lifecycle.database(settings, name=NAME) as conn,
+        lifecycle.broker(settings, name=f"{NAME} {actor.operator}") as connection,
+    ):
+        done = await dead_queue.tidy(settings, conn, connection, dry_run=args.dry_run)
+    print(done.line(dry_run=args.dry_run))
+    return 0
+
+
+def _print(
+    args: argparse.Namespace, lines: list[str], machine: dict[str, Any], planned: plans.Plan
+) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({**machine, "beyond": planned.beyond}, indent=2))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def _left_out(confirmed: plans.Confirmed) -> list[dict[str, Any]]:
+    return [{"id": x.id, "message_id": x.message_id, "why": x.why} for x in confirmed.left_out]
+
+
 async def unconfirmed(
-    args: argparse.Namespace, actor: postgres.Actor, count: int, doing: str = "replay"
+    args: argparse.Namespace,
+    actor: postgres.Actor,
+    lines: list[str],
+    count: int,
+    doing: str = "replay",
 ) -> str | None:
-    """``--all`` acts on many at once: confirmed at a terminal, or by ``--yes``."""
+    """A group (``--all``) is acted on once its list was shown and confirmed: at a
+    terminal, or by ``--yes``; named dead letters need no confirmation."""
     if not args.all or args.yes:
         return None
     if not sys.stdin.isatty():
         return f"{doing} --all needs --yes when it is not run at a terminal"
-    question = f"{doing} {count} dead letter(s) as {actor.operator}? [y/N] "
+    print("\n".join(lines))
+    question = f"{doing} these {count} dead letter(s) as {actor.operator}? [y/N] "
     answer = await asyncio.to_thread(input, question)
     return None if answer.strip().lower() in ("y", "yes") else "not confirmed at the terminal"
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    handlers = {"list": list_command, "show": show_command, "replay": replay_command}
+    handlers = {
+        "list": list_command,
+        "show": show_command,
+        "replay": replay_command,
+        "tidy": tidy_command,
+    }
     return await handlers.get(args.action, act_command)(settings, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m service.deadletters",
-        description="List, show and replay dead-lettered expiration commands.",
+        description="List, show, replay, own, close and tidy dead-lettered expiration commands.",
     )
     actions = parser.add_subparsers(dest="action", required=True)
-    lister = actions.add_parser("list", help="dead letters, newest first")
+    common = [common_options()]
+    lister = actions.add_parser("list", help="dead letters, newest first", parents=common)
     lister.add_argument(
         "--error-class", help="only this class, e.g. db.unavailable, poison.not-json"
     )
@@ -154,56 +225,76 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument("--status", choices=("dead", "closed", "replayed", "all"), default="dead")
     lister.add_argument("--limit", type=int, default=100)
     lister.add_argument("--json", action="store_true", help="machine-readable output")
-    shower = actions.add_parser("show", help="everything known about one dead letter")
+    shower = actions.add_parser(
+        "show", help="everything known about one dead letter", parents=common
+    )
     shower.add_argument("id", help="record id or message id")
     shower.add_argument("--json", action="store_true")
-    replayer = actions.add_parser("replay", help="republish dead letters (audited)")
-    target = replayer.add_mutually_exclusive_group(required=True)
-    target.add_argument("id", nargs="?", help="record id or message id")
-    target.add_argument(
-        "--all", action="store_true", help="every open dead letter (filter with --error-class)"
-    )
-    replayer.add_argument("--error-class", help="with --all: only this class")
-    replayer.add_argument(
-        "--operator",
-        help="who is replaying (required; must be in EXPIRY_REPLAY_OPERATORS; audited with "
-        "the database user, the OS user and the host)",
-    )
+    replayer = _selecting_parser(actions, "replay", "republish dead letters (audited)", common)
     replayer.add_argument(
         "--dry-run", action="store_true", help="show what would happen, change nothing"
     )
-    replayer.add_argument(
-        "--yes",
-        action="store_true",
-        help="with --all: replay without asking (needed when not run at a terminal)",
-    )
-    replayer.add_argument("--limit", type=int, default=1000, help="with --all: at most this many")
+    replayer.add_argument("--json", action="store_true", help="machine-readable output")
     for action, what, text in ACTS:
-        _act_parser(actions, action, what, text)
+        _selecting_parser(actions, action, what, common).add_argument(
+            "--text", required=True, help=text
+        )
+    tidier = actions.add_parser(
+        "tidy",
+        help="take copies of closed and replayed dead letters off expirations.dead",
+        parents=common,
+    )
+    tidier.add_argument("--operator", help="who does it (required; in EXPIRY_REPLAY_OPERATORS)")
+    tidier.add_argument("--dry-run", action="store_true", help="count, change nothing")
     return parser
 
 
 ACTS = (
     ("assign", "give dead letters an owner (audited)", "the owner"),
     ("note", "set dead letters' note (audited)", "the note"),
-    ("close", "close without a replay, and park the hold (audited)", "why it will not be replayed"),
+    (
+        "close",
+        "close without a replay, park the hold, take its message off expirations.dead (audited)",
+        "why it will not be replayed",
+    ),
     ("reopen", "reopen a closed dead letter, and unpark its hold (audited)", "why"),
 )
 
 
-def _act_parser(
-    actions: argparse._SubParsersAction[argparse.ArgumentParser], action: str, what: str, text: str
-) -> None:
-    parser = actions.add_parser(action, help=what)
+def _selecting_parser(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+    action: str,
+    what: str,
+    parents: list[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """A subcommand that acts on named dead letters, or on a group with ``--all``."""
+    parser = actions.add_parser(action, help=what, parents=parents)
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("id", nargs="?", help="record id or message id")
-    target.add_argument("--all", action="store_true", help="a whole group (filter below)")
-    parser.add_argument("--error-class", help="with --all: only this class")
+    target.add_argument("ids", nargs="*", default=[], metavar="ID", help="record or message ids")
+    target.add_argument(
+        "--all",
+        action="store_true",
+        help="a whole group, as the filters below describe it (every open one without them); "
+        "its list is shown and confirmed first",
+    )
+    parser.add_argument("--error-class", help="with --all: only this error class")
     parser.add_argument("--give-up", help="with --all: only this give-up reason")
-    parser.add_argument("--text", required=True, help=text)
-    parser.add_argument("--operator", help="who does it (required; audited)")
-    parser.add_argument("--yes", action="store_true", help="with --all: without asking")
-    parser.add_argument("--limit", type=int, default=1000, help="with --all: at most this many")
+    parser.add_argument("--status", choices=("dead", "closed"), help="with --all: only this status")
+    parser.add_argument(
+        "--operator",
+        help="who does it (required; audited with the database user, the OS user and the "
+        "host; replay, close and reopen: one of EXPIRY_REPLAY_OPERATORS)",
+    )
+    parser.add_argument(
+        "--yes", action="store_true", help="with --all: without asking (needed off a terminal)"
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=plans.PLAN_LIMIT,
+        help=f"with --all: at most this many (at most {plans.PLAN_LIMIT})",
+    )
+    return parser
 
 
 def main() -> None:

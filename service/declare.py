@@ -15,9 +15,9 @@ import argparse
 import logging
 
 from service.adapters import amqp
-from service.adapters.amqp.topology import declare_topology
+from service.adapters.amqp.topology import declare_topology, topology_for
 from service.cli import run_command
-from service.core.topology import DECLARE_COMMAND, Topology, build_topology
+from service.core.topology import DECLARE_COMMAND, Topology
 from service.settings import Settings
 
 log = logging.getLogger("service.declare")
@@ -25,7 +25,7 @@ log = logging.getLogger("service.declare")
 
 async def declare(settings: Settings) -> Topology:
     """Declare every exchange, queue and binding for ``settings`` (idempotent)."""
-    topology = build_topology(settings.retry_delays)
+    topology = topology_for(settings)
     connection = await amqp.connect(settings, name=f"expiry-declare {settings.worker_id}")
     try:
         channel = await connection.channel(publisher_confirms=False)

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.core.default_owners import OwnerRule, parse_owner_rules
 from service.core.dsn import ENCODING_HINT, parse_dsn
 from service.core.errors import ConfigError
 from service.core.redaction import redact_url as redact_url  # re-exported: other modules import it
@@ -36,6 +37,8 @@ _AMQP_SCHEMES = ("amqp", "amqps")
 ENV_PREFIX = "EXPIRY_"
 OPERATOR_LIMIT = 64
 ENV_FILE = ".env"
+# Delay queues per backoff tier when retries are jittered.
+MIN_JITTER_SLOTS, MAX_JITTER_SLOTS = 2, 32
 
 
 def _default_worker_id() -> str:
@@ -67,6 +70,10 @@ class Settings(BaseSettings):
     batch_size: PositiveInt = 100
     batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
     retry_delays: Annotated[tuple[PositiveInt, ...], NoDecode] = (1, 5, 30, 120)
+    # Retries spread over this fraction of each tier's delay (0: none), in that many delay
+    # queues per tier (service/core/topology.py).
+    retry_jitter: float = 0.5
+    retry_jitter_slots: int = 8
     max_attempts: PositiveInt = 10
     max_age_seconds: PositiveInt = 3600
     lease_seconds: PositiveInt = 300
@@ -133,6 +140,11 @@ class Settings(BaseSettings):
     )
     # Who may replay dead letters (--operator must be one of them); empty: nobody.
     replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
+    # Who owns a dead letter when it is recorded: PATTERN=OWNER pairs matched in order
+    # against its error class (service/core/default_owners.py); empty: nobody.
+    dead_letter_owners: Annotated[tuple[OwnerRule, ...], NoDecode] = ()
+    # How long a dead letter may stay open (expiry_dead_letter_age_objective_seconds).
+    dead_letter_age_objective_seconds: PositiveFloat = 86400.0
     # The operator console (python -m service.console): where it listens (localhost
     # unless told otherwise), who may log in (name:scrypt-hash pairs, made with
     # `python -m service.console hash-password`), or the header a trusted reverse
@@ -193,6 +205,11 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("dead_letter_owners", mode="before")
+    @classmethod
+    def _parse_owners(cls, value: object) -> object:
+        return parse_owner_rules(value) if isinstance(value, str) else value
+
     @field_validator("console_users", mode="before")
     @classmethod
     def _split_users(cls, value: object) -> object:
@@ -242,6 +259,22 @@ class Settings(BaseSettings):
             raise ValueError("must list at least one delay in seconds")
         if list(value) != sorted(set(value)):
             raise ValueError("must be strictly increasing, e.g. 1,5,30,120")
+        return value
+
+    @field_validator("retry_jitter")
+    @classmethod
+    def _check_jitter(cls, value: float) -> float:
+        if not 0 <= value < 1:  # NaN fails too
+            raise ValueError("must be a fraction >= 0 and < 1, e.g. 0.5 (0: no jitter)")
+        return value
+
+    @field_validator("retry_jitter_slots")
+    @classmethod
+    def _check_jitter_slots(cls, value: int) -> int:
+        if not MIN_JITTER_SLOTS <= value <= MAX_JITTER_SLOTS:
+            raise ValueError(
+                f"must be a whole number from {MIN_JITTER_SLOTS} to {MAX_JITTER_SLOTS}, e.g. 8"
+            )
         return value
 
 

@@ -1,9 +1,12 @@
 """``python -m service.status``: one screen for the on-call (``service/ops/status.py``).
 
-Exits 3 when the oldest due hold is older than
-``EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS``, so that it serves as an alert or a
-health check; 1 when the database or the broker cannot be reached (the broker
-through the first node of ``AMQP_URL`` that answers).
+The first line is the verdict, then one line per problem found (what it means,
+what to do), then the figures; ``--json`` carries the same as data. The exit
+code is the most severe problem's, for a monitor: 0 all well; 1 PostgreSQL or
+RabbitMQ cannot be reached; 3 the oldest due hold is older than
+``EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS``; 4 degraded (no consumer, no scan pass
+yet, the scanner stopped or failing); 5 not set up (the database not migrated,
+the topology not declared). With one side down the other is still read.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from service.adapters import lifecycle
 from service.cli import run_command
 from service.core.redaction import redact
+from service.ops import screen
 from service.ops import status as ops
 from service.settings import Settings
 
@@ -21,20 +25,19 @@ NAME = "expiry-status"
 
 
 async def read_status(settings: Settings) -> ops.Status:
-    """Read the database (required) and the broker (reported if unreachable)."""
-    async with lifecycle.database(settings, name=NAME) as conn:
-        status = await ops.read_database(conn, settings)
-    try:
-        async with lifecycle.broker(settings, name=NAME) as connection:
-            status.queues = await ops.read_queues(connection, settings.retry_delays)
-    except ops.BROKER_ERRORS as exc:
-        status.broker_error = ops.describe(exc)
-    return status
+    """Read the database and the broker (through the first node of ``AMQP_URL`` that
+    answers); either one unreachable is part of the status."""
+    return await ops.read_status(
+        settings,
+        lifecycle.database(settings, name=NAME),
+        lifecycle.broker(settings, name=NAME),
+    )
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     status = await read_status(settings)
-    print(redact(json.dumps(ops.as_json(status), indent=2) if args.json else ops.render(status)))
+    shown = json.dumps(screen.as_json(status), indent=2) if args.json else screen.render(status)
+    print(redact(shown))
     return status.exit_code
 
 
@@ -43,8 +46,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m service.status",
         description=(
-            "Show the oldest due hold, the backlog, queues and dead letters. Exit 3 when the "
-            "oldest due hold is older than EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS, 1 on failure."
+            "Say whether expiry is well: the verdict, each problem with what to do, the "
+            "oldest due hold, the backlog, queues, scan passes and dead letters. Exit 0 all "
+            "well; 1 PostgreSQL or RabbitMQ unreachable; 3 the oldest due hold older than "
+            "EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS; 4 degraded (no consumer, no scan pass yet, "
+            "the scanner stopped or failing); 5 not set up (not migrated, topology not "
+            "declared). The most severe wins: 1 > 5 > 3 > 4."
         ),
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,7 +1,10 @@
 """``python -m service.verify``: prove from the database alone that each effect happened once.
 
-The checks are ``service/ops/verification.py``'s. Prints the counts, lists
-violations, and exits 1 on any.
+The checks are ``service/ops/verification.py``'s. The first line is the
+verdict; then the counts and each check with its violations. Exits 0 when
+proven; 1 on any violation; 4 with no violation but due holds that no scan
+pass has covered yet (how many, since when, the last pass); 5 when the
+database is not migrated (or by an older release).
 """
 
 from __future__ import annotations
@@ -10,28 +13,45 @@ import argparse
 import json
 
 from service.adapters import lifecycle
+from service.adapters.postgres.schema import schema_state
 from service.cli import run_command
-from service.ops.verification import verify
+from service.ops.status import MIGRATE_COMMAND
+from service.ops.verification import EXIT_NOT_MIGRATED, verify
 from service.settings import Settings
-
-EXIT_VIOLATIONS = 1
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     async with lifecycle.database(settings, name="expiry-verify") as conn:
+        schema = await schema_state(conn)
+        if not schema.current:
+            return _not_migrated(schema.describe(), list(schema.missing), args)
         verdict = await verify(conn, limit=args.limit, scan_interval=settings.scan_interval_seconds)
     if args.json:
         print(json.dumps(verdict.as_json(), indent=2))
     else:
         print("\n".join(verdict.lines()))
-    return EXIT_VIOLATIONS if verdict.failed else 0
+    return verdict.exit_code
+
+
+def _not_migrated(what: str, missing: list[str], args: argparse.Namespace) -> int:
+    line = f"verify: the database is not migrated ({what}): run {MIGRATE_COMMAND}"
+    if args.json:
+        data = {"ok": False, "proven": False, "state": "not-migrated", "verdict": line}
+        print(json.dumps({**data, "missing_migrations": missing}, indent=2))
+    else:
+        print(line)
+    return EXIT_NOT_MIGRATED
 
 
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(
         prog="python -m service.verify",
-        description="Check from the database alone that every expiry happened exactly once.",
+        description=(
+            "Check from the database alone that every expiry happened exactly once. Exit 0 "
+            "proven; 1 a violation; 4 no violation, but due holds await a scan; 5 the "
+            "database is not migrated."
+        ),
     )
     parser.add_argument("--limit", type=int, default=20, help="violations listed per check")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

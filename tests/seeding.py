@@ -22,7 +22,11 @@ from tests.support import (
 async def seed_dead_letters(stack: Stack, *, exhausted: int = 1, poison: int = 1) -> list[UUID]:
     """``exhausted`` holds dead-lettered as ``db.unavailable`` / ``attempts-exhausted`` (the
     consumer's database cut, two attempts) and ``poison`` bodies (``junk-1``, ...), each
-    recorded; returns the exhausted holds."""
+    recorded; returns the exhausted holds. Seeding again adds to what is there (without
+    more poison: its message ids would repeat)."""
+    dead_before = await queue_depth(stack.amqp_url, "expirations.dead")
+    async with pg_connection(stack.database_url) as conn:
+        records_before: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
     ids = await insert_holds(stack.database_url, exhausted)
     async with tcp_proxy(stack.database_url, 5432) as proxy:
         settings = stack.settings.model_copy(
@@ -44,7 +48,8 @@ async def seed_dead_letters(stack: Stack, *, exhausted: int = 1, poison: int = 1
             total = exhausted + poison
 
             async def all_dead() -> bool:
-                return await queue_depth(stack.amqp_url, "expirations.dead") == total
+                depth = await queue_depth(stack.amqp_url, "expirations.dead")
+                return depth == dead_before + total
 
             await eventually(all_dead, timeout=60)
             proxy.restore()  # the recorder can write the records now
@@ -52,7 +57,7 @@ async def seed_dead_letters(stack: Stack, *, exhausted: int = 1, poison: int = 1
             async def all_recorded() -> bool:
                 async with pg_connection(stack.database_url) as conn:
                     count: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
-                return count == total
+                return count == records_before + total
 
             await eventually(all_recorded, timeout=60)
     return ids

@@ -162,6 +162,8 @@ class Stack:
             DATABASE_URL=self.settings.database_url,
             AMQP_URL=",".join(self.settings.amqp_url),
             EXPIRY_RETRY_DELAYS=",".join(str(d) for d in self.settings.retry_delays),
+            EXPIRY_RETRY_JITTER=repr(self.settings.retry_jitter),
+            EXPIRY_RETRY_JITTER_SLOTS=str(self.settings.retry_jitter_slots),
             EXPIRY_LOG_FORMAT="json",
             PYTHONUNBUFFERED="1",
         )
@@ -177,6 +179,9 @@ def stack_settings(database_url: str, amqp_url: str, **overrides: Any) -> Settin
         "database_url": database_url,
         "amqp_url": (amqp_url,),
         "retry_delays": (1, 2),
+        # One delay queue per tier: every test declares its topology, and the slot queues
+        # of jittered retries would add to each; the tests of jitter set it themselves.
+        "retry_jitter": 0.0,
         "max_attempts": 5,
         "max_age_seconds": 120,
         "lock_timeout_ms": 1000,

@@ -7,6 +7,7 @@ import aiormq.exceptions
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base
 
+from service.adapters.postgres.schema import SchemaNotCurrent
 from service.core.errors import (
     BROKER_UNAVAILABLE,
     CONSUMER_CRASH,
@@ -83,3 +84,29 @@ def refuses_values(exc: BaseException) -> bool:
     change what it writes, not wait.
     """
     return isinstance(exc, (*_DB_DATA, ValueError, TypeError, OverflowError))
+
+
+# What reading PostgreSQL raises when it cannot be reached or refuses a statement.
+DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# A table or a column the code needs does not exist: the database is not migrated, or
+# was migrated by an older release.
+_SCHEMA_MISSING = (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError)
+
+
+def schema_missing(exc: BaseException) -> str | None:
+    """What the database said is missing when ``exc``, one of its causes or, in a group,
+    one of its exceptions is a table or a column that does not exist (``relation "x"
+    does not exist``); None otherwise."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, (*_SCHEMA_MISSING, SchemaNotCurrent)):
+            return str(current).strip() or type(current).__name__
+        if isinstance(current, BaseExceptionGroup):
+            pending += current.exceptions
+        pending += [cause for cause in (current.__cause__, current.__context__) if cause]
+    return None

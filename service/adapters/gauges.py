@@ -1,5 +1,6 @@
 """The gauges a process reads from the database: the backlog, its clock's drift, and (where
-its role may read them) open dead letters; once, or on a timer."""
+its role may read them) open dead letters, how many nobody owns and the oldest one's age;
+once, or on a timer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def configure(gauges: Gauges, settings: Settings) -> None:
     """The settings the alert rules compare with, as gauges."""
     gauges.objective_seconds = settings.oldest_due_objective_seconds
     gauges.drift_tolerance_seconds = settings.clock_drift_tolerance_seconds
+    gauges.dead_letter_age_objective_seconds = settings.dead_letter_age_objective_seconds
 
 
 async def read_gauges(conn: postgres.Connection, gauges: Gauges, *, dead_letters: bool) -> None:
@@ -26,6 +28,9 @@ async def read_gauges(conn: postgres.Connection, gauges: Gauges, *, dead_letters
     gauges.clock_drift_seconds = await postgres.clock_drift(conn)
     if dead_letters:
         gauges.open_dead_letters = dict(await postgres.dead_letters_by_class(conn))
+        unowned, oldest = await postgres.unowned_and_oldest_open(conn)
+        gauges.unowned_dead_letters = unowned
+        gauges.oldest_open_dead_letter_age_seconds = oldest
 
 
 async def refresh_gauges(

@@ -3,10 +3,11 @@
 ``Metrics`` is the consumer's (outcomes, retries, dead letters, latencies),
 ``ScanMetrics`` the scanner's (passes, publishes, lapsed leases), and
 ``Gauges`` what a process reads from the database on a timer (the backlog, the
-clock drift, open dead letters) beside two settings the alert rules compare
-with (the objective, the drift tolerance). Units follow OpenTelemetry: ``s``
-for seconds, ``{thing}`` for counts; the Prometheus exporter turns
-``expiry.lag`` with unit ``s`` into ``expiry_lag_seconds``.
+clock drift, open dead letters: by class, unowned, the oldest one's age) beside
+the settings the alert rules compare with (the objectives, the drift
+tolerance). Units follow OpenTelemetry: ``s`` for seconds, ``{thing}`` for
+counts; the Prometheus exporter turns ``expiry.lag`` with unit ``s`` into
+``expiry_lag_seconds``.
 """
 
 from __future__ import annotations
@@ -58,15 +59,18 @@ def _gauge(meter: Meter, name: str, unit: str, description: str, read: Callable[
 
 
 class Gauges:
-    """What the database said at the last refresh, and the two settings alerts compare with."""
+    """What the database said at the last refresh, and the settings alerts compare with."""
 
     def __init__(self, meter: Meter | None = None) -> None:
         meter = _meter(meter)
         self.backlog = Backlog()
         self.clock_drift_seconds: float | None = None  # this worker's clock minus the database's
         self.open_dead_letters: dict[str, int] | None = None  # None: not read by this process
+        self.unowned_dead_letters: int | None = None  # the same
+        self.oldest_open_dead_letter_age_seconds: float | None = None  # the same
         self.objective_seconds = 0.0
         self.drift_tolerance_seconds = 0.0
+        self.dead_letter_age_objective_seconds = 0.0
         _gauge(
             meter,
             "expiry.oldest_due_age",
@@ -91,6 +95,25 @@ class Gauges:
             callbacks=[self._observe_dead_letters],
             unit="{dead_letter}",
             description="Dead letters not replayed, by error class",
+        )
+        meter.create_observable_gauge(
+            "expiry.dead_letters.unowned",
+            callbacks=[self._observe_unowned],
+            unit="{dead_letter}",
+            description="Open dead letters that nobody owns",
+        )
+        meter.create_observable_gauge(
+            "expiry.oldest_open_dead_letter_age",
+            callbacks=[self._observe_oldest_open],
+            unit="s",
+            description="Since the oldest open dead letter was last dead-lettered (0: none open)",
+        )
+        _gauge(
+            meter,
+            "expiry.dead_letter_age_objective",
+            "s",
+            "EXPIRY_DEAD_LETTER_AGE_OBJECTIVE_SECONDS: how long a dead letter may stay open",
+            lambda: self.dead_letter_age_objective_seconds,
         )
         _gauge(
             meter,
@@ -118,6 +141,14 @@ class Gauges:
     def _observe_dead_letters(self, _options: CallbackOptions) -> Iterable[Observation]:
         for error_class, count in (self.open_dead_letters or {}).items():
             yield Observation(count, {"error_class": error_class})
+
+    def _observe_unowned(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.unowned_dead_letters is not None:
+            yield Observation(self.unowned_dead_letters)
+
+    def _observe_oldest_open(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.oldest_open_dead_letter_age_seconds is not None:
+            yield Observation(self.oldest_open_dead_letter_age_seconds)
 
 
 # The attributes of each outcome, made once (the SDK reads them on every call).

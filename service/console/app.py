@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
@@ -38,9 +39,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.adapters import amqp, lifecycle, postgres
 from service.console import auth, pages
+from service.core import recorded_policy
 from service.core.errors import UsageError
 from service.core.inputs import clean_text
-from service.ops import dead_letters, replay
+from service.ops import dead_letters, dead_queue, plans, replay
 from service.settings import OPERATOR_LIMIT, Settings
 
 log = logging.getLogger("service.console")
@@ -61,15 +63,12 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 ACTS = ("assign", "note", "close", "reopen")
-ACT_STATUSES = {
-    "assign": dead_letters.OPEN,
-    "note": dead_letters.OPEN,
-    "close": ("dead",),
-    "reopen": ("closed",),
-}
+# A confirm form's plan: up to 1,000 ``id:revision`` pairs.
+PLAN_FIELD_LIMIT = 40 * 1024
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["cell"] = dead_letters.cell
+templates.env.globals["describe_policy"] = recorded_policy.describe
 
 
 @dataclass
@@ -173,7 +172,7 @@ def logged_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
 async def posted(request: Request) -> FormData | None:
     """The form of a POST whose CSRF token is the session's; None if it is not."""
-    form = await request.form(max_files=0, max_fields=50, max_part_size=16 * 1024)
+    form = await request.form(max_files=0, max_fields=50, max_part_size=PLAN_FIELD_LIMIT)
     if not auth.csrf_matches(request.session.get("csrf"), form.get("csrf")):
         return None
     return form
@@ -227,8 +226,7 @@ async def overview(request: Request, operator: str) -> Response:
     console = console_of(request)
     broker = await console.connection()
     assert console.pool is not None
-    async with console.pool.acquire() as conn:
-        seen = await pages.read_overview(conn, console.settings, broker)
+    seen = await pages.read_overview(console.pool, console.settings, broker)
     return page(request, "overview.html", seen=seen, screen=seen.status)
 
 
@@ -249,7 +247,9 @@ async def detail(request: Request, operator: str) -> Response:
     console = console_of(request)
     assert console.pool is not None
     async with console.pool.acquire() as conn:
-        found = await dead_letters.read_detail(conn, request.path_params["key"][:300])
+        found = await dead_letters.read_detail(
+            conn, request.path_params["key"][:300], console.settings
+        )
         if found is None:
             return refused(request, 404, "no such dead letter")
         replayed = found.record["status"] == "replayed"
@@ -257,19 +257,39 @@ async def detail(request: Request, operator: str) -> Response:
     return page(request, "detail.html", detail=found, record=found.record, expect=expect)
 
 
-def _selection(form: FormData) -> tuple[str | None, dict[str, str | None]]:
-    """One dead letter (``key``) or a group (error class, give-up reason)."""
-    key = field_of(form, "key", 300) or None
-    group = {
-        "error_class": field_of(form, "error_class", 100) or None,
-        "give_up": field_of(form, "give_up", 100) or None,
-    }
-    return key, group
+def _selection(form: FormData) -> plans.Selection:
+    """One dead letter (``key``), or a group chosen explicitly (``scope=group``: its error
+    class, give-up reason and status, each blank for any); anything else selects nothing
+    (``UsageError``)."""
+    key = field_of(form, "key", plans.KEY_LIMIT)
+    if field_of(form, "scope", 10) == "group":
+        group = plans.Group(
+            field_of(form, "error_class", plans.NAME_LIMIT) or None,
+            field_of(form, "give_up", plans.NAME_LIMIT) or None,
+            field_of(form, "status", 10) or None,
+        )
+        return plans.Selection(keys=(key,) if key else (), group=group)
+    return plans.Selection(keys=(key,) if key else ())
+
+
+def _plan_of(form: FormData, act: str, selection: plans.Selection) -> plans.Plan:
+    """The plan a confirm form carries back (untrusted: ``plans.confirm`` checks it all)."""
+    items = plans.parse_items(field_of(form, "plan", PLAN_FIELD_LIMIT))
+    if not items:
+        raise UsageError("the confirmation carries no plan: dry-run again")
+    return plans.Plan(act, selection, items)
+
+
+def _back(selection: plans.Selection) -> str:
+    return (
+        f"/dead-letters/{quote(selection.keys[0], safe='')}" if selection.keys else "/dead-letters"
+    )
 
 
 @logged_in
 async def act(request: Request, operator: str) -> Response:
-    """Assign, note, close or reopen one dead letter or a group (audited)."""
+    """Assign, note, close or reopen one dead letter at once, or a group once its list was
+    shown and confirmed (exactly the listed ones); each act audited."""
     console = console_of(request)
     form = await posted(request)
     if form is None:
@@ -279,65 +299,95 @@ async def act(request: Request, operator: str) -> Response:
         return refused(request, 400, "no such act")
     if (why := console.may(operator, action)) is not None:
         return refused(request, 403, why)
-    key, group = _selection(form)
     actor = console.actor(operator, request.client.host if request.client else "")
+    text = field_of(form, "text")
     assert console.pool is not None
     async with console.pool.acquire() as conn:
         try:
-            rows = await dead_letters.select(
-                conn,
-                key,
-                error_class=group["error_class"],
-                give_up=group["give_up"],
-                limit=1000,
-                statuses=ACT_STATUSES[action],
-                doing=action,
-            )
+            selection = _selection(form)
+            if selection.group is not None and field_of(form, "step", 20) != "confirm":
+                planned, rows = await plans.plan(conn, action, selection)
+                lines = plans.plan_lines(planned, rows)
+                return _plan_page(request, action, selection, planned, lines, text=text)
+            if selection.group is not None:
+                planned = _plan_of(form, action, selection)
+            else:
+                planned, _rows = await plans.plan(conn, action, selection)
+            confirmed = await plans.confirm(conn, planned)
             results = await dead_letters.act(
-                conn, console.settings, actor, rows, action, field_of(form, "text")
+                conn, console.settings, actor, confirmed.rows, action, text
             )
         except UsageError as exc:
             return refused(request, 400, str(exc))
-    lines = dead_letters.act_lines(results, action)
-    return page(request, "result.html", title=action, lines=lines, back=_back(key))
+        lines = dead_letters.act_lines(results, action) + confirmed.lines()
+        if action == "close":
+            keys = {r.message_id for r in results if r.outcome == "closed"}
+            broker = await console.connection() if keys else None
+            lines.append(await dead_queue.remove_copies(console.settings, conn, broker, keys))
+    shown = [line for line in lines if line]
+    return page(request, "result.html", title=action, lines=shown, back=_back(selection))
 
 
-def _back(key: str | None) -> str:
-    return f"/dead-letters/{key}" if key else "/dead-letters"
+def _plan_page(
+    request: Request,
+    act: str,
+    selection: plans.Selection,
+    planned: plans.Plan,
+    lines: list[str],
+    *,
+    text: str = "",
+) -> Response:
+    """The dry run, with a form that confirms exactly its plan."""
+    return page(
+        request,
+        "plan.html",
+        act=act,
+        lines=lines,
+        selection=selection,
+        group=selection.group,
+        token=planned.token(),
+        count=len(planned.items),
+        action="/replay" if act == "replay" else "/act",
+        text=text,
+    )
 
 
 @logged_in
 async def replay_selected(request: Request, operator: str) -> Response:
-    """Replay one dead letter or a group: first the dry run, then, confirmed, the replay
-    (the command line's code: republished with confirms, audited)."""
+    """Replay one dead letter or a group: first the dry run, then, confirmed, the replay of
+    exactly what it listed (the command line's code: republished with confirms, audited);
+    the dead letters left out, and the group's newcomers, are named."""
     console = console_of(request)
     form = await posted(request)
     if form is None:
         return refused(request, 403, "the form expired: reload the page")
-    key, group = _selection(form)
-    confirmed = field_of(form, "step", 20) == "confirm"
     actor = console.actor(operator, request.client.host if request.client else "")
     assert console.pool is not None
     async with console.pool.acquire() as conn:
         try:
-            rows = await dead_letters.select(
-                conn, key, error_class=group["error_class"], give_up=group["give_up"], limit=1000
-            )
+            selection = _selection(form)
+            if field_of(form, "step", 20) != "confirm":
+                planned, rows = await plans.plan(conn, "replay", selection)
+                shown = replay.dry_run(
+                    rows, await dead_letters.expectations(conn, rows, console.settings)
+                )
+                lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
+                return _plan_page(request, "replay", selection, planned, lines)
+            if (why := console.may(operator, "replay")) is not None:
+                await _audit_refusal(
+                    conn, actor, await plans.select(conn, "replay", selection), why
+                )
+                return refused(request, 403, why)
+            planned = _plan_of(form, "replay", selection)
         except UsageError as exc:
             return refused(request, 400, str(exc))
-        expectations = await dead_letters.expectations(conn, rows)
-        if not confirmed:
-            plan = replay.dry_run(rows, expectations)
-            lines = replay.report_lines(plan, dry_run=True)
-            return page(request, "plan.html", lines=lines, key=key, group=group, count=len(rows))
-        if (why := console.may(operator, "replay")) is not None:
-            await _audit_refusal(conn, actor, rows, why)
-            return refused(request, 403, why)
-        results = await _replay(console, conn, rows, actor, expectations)
+        confirmed = await plans.confirm(conn, planned)
+        expectations = await dead_letters.expectations(conn, confirmed.rows, console.settings)
+        results = await _replay(console, conn, confirmed.rows, actor, expectations)
     if results is None:
         return refused(request, 503, "RabbitMQ cannot be reached: nothing was replayed")
-    lines = replay.report_lines(results, dry_run=False)
-    return page(request, "result.html", title="replay", lines=lines, back=_back(key))
+    lines = replay.report_lines(results, dry_run=False) + confirmed.lines()
+    return page(request, "result.html", title="replay", lines=lines, back=_back(selection))
 
 
 async def _audit_refusal(

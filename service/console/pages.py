@@ -4,6 +4,7 @@ as the command line's."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import postgres
-from service.ops import dead_letters
+from service.core.durations import human
+from service.core.topology import DEAD_QUEUE
+from service.ops import dead_letters, screen
 from service.ops import status as ops_status
 from service.settings import Settings
 
@@ -23,25 +26,45 @@ AGES = {"1h": 3600.0, "1d": 86400.0, "7d": 7 * 86400.0}
 
 @dataclass
 class Overview:
-    """The first page: is anything stuck, and where."""
+    """The first page: is anything stuck, and where (the status command's verdict and
+    problems, the same code deciding them)."""
 
     status: ops_status.Status
-    passes: list[dict[str, Any]]
+
+    @property
+    def queues(self) -> list[screen.QueueRow]:
+        return screen.queue_rows(self.status.queues)
+
+    @property
+    def passes(self) -> list[screen.PassRow]:
+        return screen.pass_rows(self.status)
+
+    @property
+    def dead_letter_note(self) -> str | None:
+        return screen.dead_letter_note(self.status)
+
+    @property
+    def dead_queue(self) -> str:
+        return DEAD_QUEUE
+
+    @property
+    def oldest_due(self) -> str:
+        backlog = self.status.backlog
+        return "-" if backlog is None else human(backlog.oldest_due_age_seconds)
+
+    @property
+    def objective(self) -> str:
+        return human(self.status.objective_seconds)
 
 
 async def read_overview(
-    conn: postgres.Connection, settings: Settings, broker: AbstractRobustConnection | None
+    pool: postgres.Pool, settings: Settings, broker: AbstractRobustConnection | None
 ) -> Overview:
-    """The status screen's figures (queues when the broker answers) and the last passes."""
-    status = await ops_status.read_database(conn, settings)
-    if broker is None:
-        status.broker_error = "no connection to RabbitMQ"
-    else:
-        try:
-            status.queues = await ops_status.read_queues(broker, settings.retry_delays)
-        except ops_status.BROKER_ERRORS as exc:
-            status.broker_error = ops_status.describe(exc)
-    return Overview(status, await postgres.last_passes(conn))
+    """What the status command reads, the database through the console's pool and the
+    broker through its connection (None: none open); neither one down, nor a database
+    that is not migrated, stops the page."""
+    opened = None if broker is None else contextlib.nullcontext(broker)
+    return Overview(await ops_status.read_status(settings, pool.acquire(), opened))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from service.core.errors import Disposition
+from service.core.topology import slot_delays_ms
 
 
 class GiveUp(StrEnum):
@@ -28,19 +29,30 @@ class GiveUp(StrEnum):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff tiers (seconds, one delay queue each) and the two budgets."""
+    """Backoff tiers (seconds: each the bound of its wait), the two budgets, and the
+    jitter: the fraction of each tier's delay over which its ``slots`` delay queues spread
+    (0: one queue per tier, the wait is the bound)."""
 
     delays: tuple[int, ...]
     max_attempts: int
     max_age_seconds: int
+    jitter: float = 0.0
+    slots: int = 1
 
 
 @dataclass(frozen=True)
 class Retry:
-    """Send the command to the delay queue of ``delay_seconds``."""
+    """Send the command to the delay queue of ``delay_ms``, a slot of the tier whose
+    bound is ``bound_seconds``."""
 
-    delay_seconds: int
+    delay_ms: int
+    bound_seconds: int
     next_attempt: int
+
+    @property
+    def delay_seconds(self) -> float:
+        """The chosen delay in seconds."""
+        return self.delay_ms / 1000
 
 
 @dataclass(frozen=True)
@@ -56,21 +68,28 @@ def decide(
     *,
     attempt: int,
     age_seconds: float,
+    draw: float,
 ) -> Retry | DeadLetter:
     """Decide what follows a failed ``attempt`` (1-based) of a command this old.
 
-    The delay grows with the attempt and stays at the last tier; the command is
-    dead-lettered when the error is permanent, when ``max_attempts`` attempts
-    have failed, or when waiting once more would take it past ``max_age_seconds``.
+    The tier grows with the attempt and stays at the last one; ``draw``, a random
+    number in ``[0, 1)`` drawn by the caller, picks one of its slots uniformly. The
+    command is dead-lettered when the error is permanent, when ``max_attempts``
+    attempts have failed, or when waiting the tier's bound would take it past
+    ``max_age_seconds``.
     """
+    if not 0.0 <= draw < 1.0:
+        raise ValueError(f"draw must be in [0, 1), not {draw!r}")
     if disposition is Disposition.PERMANENT:
         return DeadLetter(GiveUp.PERMANENT)
     if attempt >= policy.max_attempts:
         return DeadLetter(GiveUp.ATTEMPTS_EXHAUSTED)
-    delay = backoff(policy.delays, attempt)
-    if age_seconds + delay > policy.max_age_seconds:
+    bound = backoff(policy.delays, attempt)
+    if age_seconds + bound > policy.max_age_seconds:
         return DeadLetter(GiveUp.AGE_EXHAUSTED)
-    return Retry(delay_seconds=delay, next_attempt=attempt + 1)
+    slots = slot_delays_ms(bound, policy.jitter, policy.slots)
+    delay_ms = slots[min(int(draw * len(slots)), len(slots) - 1)]
+    return Retry(delay_ms=delay_ms, bound_seconds=bound, next_attempt=attempt + 1)
 
 
 def backoff(delays: tuple[int, ...], attempt: int) -> int:

@@ -5,13 +5,22 @@
     produce ──► [expirations] ──expire──► (expirations) ──► consume
                      ▲                          │ delivery limit
                      │ TTL expiry               ▼
-    consume ──► [expirations.retry] ──Ns──► (expirations.retry.Ns)
+    consume ──► [expirations.retry] ──<slot>──► (expirations.retry.<slot>)
     consume ──► [expirations.dead]  ──dead──► (expirations.dead)      kept for replay
                                       └─dead──► (expirations.dead.log)  -> records
 
 Every queue is a quorum queue. A delay queue has a fixed TTL and dead-letters
-back to ``expirations`` when it runs out, so delays live in the broker, one
-queue per tier so that no message waits behind a longer one.
+back to ``expirations`` when it runs out, so delays live in the broker; each
+queue holds one delay only, so that no message waits behind a longer one.
+
+With jitter, each backoff tier (its bound, ``d`` seconds) has several "slot"
+queues whose delays are spread evenly over ``[d * (1 - jitter), d]``, and a
+retry picks one at random: commands that failed together come back spread over
+the window, never later than the bound. Per-message TTLs in one queue would not
+do: the broker expires messages only at the head of a queue, so a burst leaves
+at the running maximum of its TTLs. A queue is named for its delay, in whole
+seconds when it is one (``30s``, the top slot of a tier), else in milliseconds
+(``17143ms``); two tiers that share a slot delay share its queue.
 
 Declaring it (``python -m service.declare``, the deploy's step) and checking
 it (what the running processes do) live in ``service.adapters.amqp.topology``.
@@ -19,6 +28,8 @@ it (what the running processes do) live in ``service.adapters.amqp.topology``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +65,42 @@ ArgValue = str | int
 DIRECT = "direct"
 
 
-def retry_queue(delay_seconds: int) -> str:
-    """The delay queue of one backoff tier, e.g. ``expirations.retry.30s``."""
-    return f"{RETRY_EXCHANGE}.{delay_seconds}s"
+def slot_delays_ms(delay_seconds: int, jitter: float, slots: int) -> tuple[int, ...]:
+    """The delays (whole milliseconds, ascending, distinct) of one tier's slot queues.
+
+    ``slots`` delays spread evenly over ``[delay * (1 - jitter), delay]``, both ends
+    included and never above the tier's own delay; one slot, the delay itself, when
+    ``jitter`` is 0 (or too small to span a millisecond).
+    """
+    bound_ms = delay_seconds * 1000
+    # The window is cut to whole milliseconds inside [bound * (1 - jitter), bound];
+    # rounding to six places first keeps 0.3 * 1000 from counting as 300.00000000000006.
+    window_ms = math.floor(round(bound_ms * jitter, 6)) if jitter > 0 else 0
+    if window_ms == 0 or slots < 2:
+        return (bound_ms,)
+    low_ms = bound_ms - window_ms
+    return tuple(sorted({low_ms + window_ms * i // (slots - 1) for i in range(slots)}))
 
 
-def retry_routing_key(delay_seconds: int) -> str:
-    """The routing key that selects one tier on the retry exchange."""
-    return f"{delay_seconds}s"
+def retry_delays_ms(retry_delays: Iterable[int], jitter: float, slots: int) -> tuple[int, ...]:
+    """The delay of every delay queue (milliseconds, ascending, distinct) for these tiers."""
+    return tuple(sorted({ms for d in retry_delays for ms in slot_delays_ms(d, jitter, slots)}))
+
+
+def delay_label(delay_ms: int) -> str:
+    """A delay as it names its queue: whole seconds when it is one (``30s``), else ``17143ms``."""
+    seconds, rest = divmod(delay_ms, 1000)
+    return f"{seconds}s" if rest == 0 else f"{delay_ms}ms"
+
+
+def delay_queue(delay_ms: int) -> str:
+    """The delay queue of ``delay_ms``, e.g. ``expirations.retry.30s``."""
+    return f"{RETRY_EXCHANGE}.{delay_label(delay_ms)}"
+
+
+def delay_routing_key(delay_ms: int) -> str:
+    """The routing key that selects the delay queue of ``delay_ms`` on the retry exchange."""
+    return delay_label(delay_ms)
 
 
 @dataclass(frozen=True)
@@ -95,6 +134,11 @@ class Topology:
     exchanges: tuple[ExchangeSpec, ...]
     queues: tuple[QueueSpec, ...]
 
+    @property
+    def delay_queues(self) -> tuple[QueueSpec, ...]:
+        """The delay queues: every queue of the retry exchange."""
+        return tuple(q for q in self.queues if q.exchange == RETRY_EXCHANGE)
+
 
 def _quorum(**extra: ArgValue) -> dict[str, ArgValue]:
     return {
@@ -115,8 +159,9 @@ def _dead_letters_to(exchange: str, routing_key: str) -> dict[str, ArgValue]:
     }
 
 
-def build_topology(retry_delays: tuple[int, ...]) -> Topology:
-    """The full topology for these backoff tiers (seconds)."""
+def build_topology(retry_delays: tuple[int, ...], *, jitter: float, slots: int) -> Topology:
+    """The full topology for these backoff tiers (seconds), each with ``slots`` delay
+    queues spread over its ``jitter`` window (one when ``jitter`` is 0)."""
     work = QueueSpec(
         QUEUE,
         EXCHANGE,
@@ -128,12 +173,12 @@ def build_topology(retry_delays: tuple[int, ...]) -> Topology:
     )
     delays = tuple(
         QueueSpec(
-            retry_queue(delay),
+            delay_queue(delay_ms),
             RETRY_EXCHANGE,
-            retry_routing_key(delay),
-            _quorum(**{"x-message-ttl": delay * 1000}, **_dead_letters_to(EXCHANGE, ROUTING_KEY)),
+            delay_routing_key(delay_ms),
+            _quorum(**{"x-message-ttl": delay_ms}, **_dead_letters_to(EXCHANGE, ROUTING_KEY)),
         )
-        for delay in retry_delays
+        for delay_ms in retry_delays_ms(retry_delays, jitter, slots)
     )
     # Each dead-letter queue is also routed by its own name, so that a dead letter
     # returned too often can be replaced by a fresh copy in that queue alone

@@ -109,7 +109,7 @@ class Run:
         own = own_settings(self.settings, self.sandbox)
         say("[1/5] migrate (python -m service.migrate), declare the topology (service.declare)")
         await children.run("migrate", "service.migrate")
-        await declare(own)
+        topology = await declare(own)
         async with contextlib.AsyncExitStack() as stack:
             connection = await stack.enter_async_context(lifecycle.broker(own, name=NAME))
             conn = await stack.enter_async_context(lifecycle.database(own, name=NAME))
@@ -117,7 +117,7 @@ class Run:
                 lifecycle.database_pool(own, name=f"{NAME}-support", size=SUPPORT_POOL_SIZE)
             )
             stack.push_async_callback(children.stop, children.running)  # first to run
-            queues = Queues(QueueProbe(connection), self.settings.retry_delays)
+            queues = Queues(QueueProbe(connection), topology)
             settled, support, codes = await self._pipeline(children, conn, pool, queues)
             final = await final_state(conn, queues)
         outcomes = await asyncio.to_thread(delivery_outcomes, self.logs.glob("consumer-*.log"))

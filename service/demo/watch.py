@@ -6,14 +6,14 @@ import asyncio
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
 from service.adapters import postgres
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.postgres import demo as demo_sql
-from service.core.topology import DEAD_QUEUE, QUEUE, retry_queue
+from service.core.topology import DEAD_QUEUE, QUEUE, Topology
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class Snapshot:
 class Queues:
     """The sandbox's queues as the demo shows them (a queue not declared yet counts 0)."""
 
-    def __init__(self, probe: QueueProbe, retry_delays: Sequence[int]) -> None:
+    def __init__(self, probe: QueueProbe, topology: Topology) -> None:
         self.probe = probe
-        self.retry_queues = [retry_queue(delay) for delay in retry_delays]
+        self.retry_queues = [spec.name for spec in topology.delay_queues]
 
     async def ready(self, name: str) -> int:
         """Ready messages in queue ``name``."""

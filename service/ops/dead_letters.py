@@ -10,6 +10,7 @@ never lets a control character through.
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ import asyncpg
 
 from service.adapters import postgres
 from service.adapters.postgres import ownership
+from service.core import recorded_policy
 from service.core.errors import UsageError
 from service.core.inputs import clean_text
 from service.settings import OPERATOR_LIMIT, Settings
@@ -63,9 +65,21 @@ def render_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    """A record with every value shown as ``cell`` shows it (None stays None)."""
-    return {k: (cell(v) if v is not None else None) for k, v in row.items()}
+def jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record for machine output: numbers, booleans and None as they are, everything
+    else (times, ids, text) shown as ``cell`` shows it."""
+    return {key: json_value(value) for key, value in row.items()}
+
+
+def json_value(value: Any) -> Any:
+    """One value for machine output (see ``jsonable``)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return jsonable(value)
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    return cell(value)
 
 
 # -- list and show --------------------------------------------------------------
@@ -111,6 +125,8 @@ class Detail:
     """Everything known about one dead letter."""
 
     record: dict[str, Any]
+    policy: recorded_policy.Policy | None = None  # the retry policy it was recorded under
+    policy_changes: list[str] = field(default_factory=list)  # today's, compared with it
     transitions: list[dict[str, Any]] = field(default_factory=list)
     replays: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # assigned, noted, closed...
@@ -118,6 +134,8 @@ class Detail:
     def as_json(self) -> dict[str, Any]:
         """The machine form."""
         out = {**jsonable(self.record), "transitions": [jsonable(t) for t in self.transitions]}
+        out["policy"] = json.loads(self.policy.as_json()) if self.policy else None
+        out["policy_changes"] = list(self.policy_changes)
         out["replays"] = [jsonable(r) for r in self.replays]
         out["events"] = [jsonable(e) for e in self.events]
         return out
@@ -125,7 +143,10 @@ class Detail:
     def lines(self) -> list[str]:
         """The record, one field a line, then its audit trail and its replays."""
         width = max(len(k) for k in self.record)
-        lines = [f"{key.ljust(width)}  {cell(value)}" for key, value in self.record.items()]
+        shown = {**self.record, "policy": recorded_policy.describe(self.policy)}
+        lines = [f"{key.ljust(width)}  {cell(value)}" for key, value in shown.items()]
+        lines += ["", "retry policy now, against the one it was dead-lettered under:"]
+        lines += [f"  {line}" for line in self.policy_changes] or ["  the same"]
         lines += ["", "transitions (audit trail):"]
         lines.append(
             render_table(self.transitions, TRANSITION_COLUMNS) if self.transitions else "  none"
@@ -137,13 +158,16 @@ class Detail:
         return lines
 
 
-async def read_detail(conn: postgres.Connection, key: str) -> Detail | None:
+async def read_detail(conn: postgres.Connection, key: str, settings: Settings) -> Detail | None:
     """The dead letter with record id or message id ``key``, or None."""
     row = await postgres.get_dead_letter(conn, key)
     if row is None:
         return None
     reservation_id = row["reservation_id"]
-    detail = Detail(dict(row))
+    record = {k: v for k, v in row.items() if k != "policy"}
+    detail = Detail(record, recorded_policy.Policy.from_json(row["policy"]))
+    current = recorded_policy.policy_in_force(settings)
+    detail.policy_changes = recorded_policy.changes_for_record(dict(row), current)
     if reservation_id:
         detail.transitions = [dict(t) for t in await postgres.transitions_of(conn, reservation_id)]
         state = await postgres.reservation_state(conn, reservation_id)
@@ -163,29 +187,6 @@ def not_found(key: str) -> str:
 # -- what to replay, what it will do, who may ------------------------------------------
 
 
-async def select(
-    conn: postgres.Connection,
-    key: str | None,
-    *,
-    error_class: str | None,
-    limit: int,
-    give_up: str | None = None,
-    statuses: tuple[str, ...] = OPEN,
-    doing: str = "replay",
-) -> list[asyncpg.Record]:
-    """Dead letter ``key`` (in one of ``statuses``), or with ``key`` None every one in them
-    (of a class, of a give-up reason), newest first."""
-    if key is None:
-        page = postgres.Page(statuses, error_class, give_up, size=limit)
-        return await postgres.list_page(conn, page)
-    row = await postgres.get_dead_letter(conn, key)
-    if row is None:
-        raise UsageError(not_found(key))
-    if row["status"] not in statuses:
-        raise UsageError(f"dead letter {key!r} is {row['status']}; nothing to {doing}")
-    return [row]
-
-
 async def expectation(conn: postgres.Connection, row: asyncpg.Record | Mapping[str, Any]) -> str:
     """What replaying this dead letter will do, from the reservation's state now."""
     if row["reservation_id"] is None:
@@ -199,9 +200,19 @@ async def expectation(conn: postgres.Connection, row: asyncpg.Record | Mapping[s
     return f"the hold is {status}{'' if due else ' and not due'}: a harmless no-op"
 
 
-async def expectations(conn: postgres.Connection, rows: list[asyncpg.Record]) -> dict[int, str]:
-    """``expectation`` of each row, by record id."""
-    return {row["id"]: await expectation(conn, row) for row in rows}
+async def expectations(
+    conn: postgres.Connection, rows: list[asyncpg.Record], settings: Settings
+) -> dict[int, str]:
+    """What replaying each row will do (``expectation``), and what today's retry policy
+    changes from the one it was dead-lettered under, by record id."""
+    current = recorded_policy.policy_in_force(settings)
+    found = {}
+    for row in rows:
+        said = await expectation(conn, row)
+        if changed := recorded_policy.changes_for_record(dict(row), current):
+            said += "; retry policy since it was dead-lettered: " + "; ".join(changed)
+        found[row["id"]] = said
+    return found
 
 
 def actor_named(operator: str | None) -> postgres.Actor:

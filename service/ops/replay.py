@@ -2,36 +2,39 @@
 
 A replay republishes the command with the same message id and a fresh
 attempt budget, with publisher confirms, and only then removes it from
-``expirations.dead``; every other message taken from that queue on the way is
-given back. A dead letter no longer in the queue is rebuilt from its record
-when it can be. Each one's outcome is audited. Replaying a hold that has since
-been consumed or expired is harmless: the guarded update makes it a no-op.
+``expirations.dead``, with any other copy of it the queue holds; every other
+message taken from that queue on the way is given back (``dead_queue.py``). A
+dead letter no longer in the queue is rebuilt from its record when it can be.
+Each one's outcome is audited. Replaying a hold that has since been consumed
+or expired is harmless: the guarded update makes it a no-op.
+
+What is replayed is decided before: the records handed in were planned and
+claimed (``plans.py``), so a replay acts on exactly what its dry run showed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
-from aio_pika.abc import (
-    AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustConnection,
-)
+from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp import messages
-from service.adapters.amqp.returns import give_back
-from service.core.dead_letter import REPLAYED_BY_HEADER, stable_message_id
+from service.core.dead_letter import REPLAYED_BY_HEADER
 from service.core.domain import command_body
 from service.core.errors import PublishNotConfirmed
-from service.core.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE, ROUTING_KEY
+from service.core.topology import ROUTING_KEY
 from service.ops.dead_letters import cell
+from service.ops.dead_queue import Copy, DeadQueue
 from service.settings import Settings
 
 log = logging.getLogger("service.deadletters")
+
+Row = asyncpg.Record | Mapping[str, Any]
 
 
 @dataclass
@@ -43,8 +46,17 @@ class ReplayResult:
     outcome: str  # republished, not-in-queue, publish-failed, would-republish
     detail: str
 
+    def as_json(self) -> dict[str, Any]:
+        """The machine form."""
+        return {
+            "id": self.record_id,
+            "message_id": self.message_id,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
 
-def dry_run(rows: list[asyncpg.Record], expectations: dict[int, str]) -> list[ReplayResult]:
+
+def dry_run(rows: list[Any], expectations: dict[int, str]) -> list[ReplayResult]:
     """What a replay would do, changing nothing."""
     return [
         ReplayResult(r["id"], r["message_id"], "would-republish", expectations[r["id"]])
@@ -59,8 +71,8 @@ def report_lines(results: list[ReplayResult], *, dry_run: bool) -> list[str]:
     ]
     counts = {o: sum(r.outcome == o for r in results) for o in sorted({r.outcome for r in results})}
     lines.append(
-        f"replay{' (dry run)' if dry_run else ''}: {len(results)} selected, "
-        + ", ".join(f"{n} {o}" for o, n in counts.items())
+        f"replay{' (dry run)' if dry_run else ''}: {len(results)} selected"
+        + "".join(f", {n} {o}" for o, n in counts.items())
     )
     return lines
 
@@ -74,18 +86,14 @@ async def replay(
     settings: Settings,
     conn: postgres.Connection,
     connection: AbstractRobustConnection,
-    rows: list[asyncpg.Record],
+    rows: list[Any],
     actor: postgres.Actor,
     expectations: dict[int, str],
 ) -> list[ReplayResult]:
-    """Replay ``rows`` (already authorised): from the dead queue, else from their records."""
-    publish_channel = await amqp.open_confirm_channel(connection)
-    exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
-    dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
-    get_channel = await connection.channel(publisher_confirms=False)
-    dead = await get_channel.get_queue(DEAD_QUEUE, ensure=True)
-    replayer = Replayer(settings, conn, exchange, dead_exchange, actor, expectations)
-    results = await replayer.from_queue(dead, {row["message_id"]: row for row in rows})
+    """Replay ``rows`` (authorised and claimed): from the dead queue, else from their records."""
+    dead = await DeadQueue.open(settings, connection)
+    replayer = Replayer(settings, conn, dead, actor, expectations)
+    results = await replayer.from_queue({row["message_id"]: row for row in rows})
     found = {result.record_id for result in results}
     for row in rows:
         if row["id"] not in found:
@@ -100,84 +108,67 @@ class Replayer:
         self,
         settings: Settings,
         conn: postgres.Connection,
-        exchange: AbstractExchange,
-        dead_exchange: AbstractExchange,
+        dead: DeadQueue,
         actor: postgres.Actor,
         expectations: dict[int, str],
     ) -> None:
         self.settings = settings
         self.conn = conn
-        self.exchange = exchange
-        self.dead_exchange = dead_exchange
+        self.dead = dead
         self.actor = actor
         self.expectations = expectations
 
-    async def from_queue(
-        self, dead: AbstractQueue, wanted: dict[str, asyncpg.Record]
-    ) -> list[ReplayResult]:
-        """Take each message of the dead queue once; replay the wanted, give back the rest."""
-        depth = (await dead.declare()).message_count or 0
-        results: list[ReplayResult] = []
-        others: list[AbstractIncomingMessage] = []
-        for _ in range(depth):
-            message = await dead.get(
-                no_ack=False, fail=False, timeout=self.settings.publish_timeout_seconds
-            )
-            if message is None:
-                break
-            row = wanted.get(stable_message_id(message.message_id, message.body))
-            if row is None or row["id"] in {r.record_id for r in results}:
-                others.append(message)
-                continue
-            results.append(await self._republish(row, message.body, message))
-        for message in others:
-            await self._give_back(message)
-        return results
+    async def from_queue(self, wanted: dict[str, Row]) -> list[ReplayResult]:
+        """Take each message of the dead queue once: replay the first copy of each wanted
+        dead letter, remove its other copies once it is republished, give back the rest."""
+        results: dict[str, ReplayResult] = {}
+        others: list[Copy] = []
+        for copy in await self.dead.take_all():
+            row = wanted.get(copy.key)
+            first = results.get(copy.key)
+            if row is None:
+                others.append(copy)
+            elif first is None:
+                results[copy.key] = await self._republish(row, copy.message.body, copy)
+            elif first.outcome == "republished" and copy.last_seen <= row["last_seen"]:
+                await self.dead.remove(copy)  # another copy of the command just replayed
+            else:
+                others.append(copy)
+        for copy in others:
+            await self.dead.give_back(copy)
+        return list(results.values())
 
-    async def from_record(self, row: asyncpg.Record) -> ReplayResult:
+    async def from_record(self, row: Row) -> ReplayResult:
         """The message is not in the dead queue: rebuild it from the record if it can be."""
         if row["reservation_id"] is None or row["hold_until"] is None:
             return await self._audit(
                 row, "not-in-queue", "not in expirations.dead and no command to rebuild"
             )
         body = command_body(row["reservation_id"], row["hold_until"])
-        return await self._republish(row, body, None, rebuilt=True)
+        return await self._republish(row, body, None)
 
-    async def _republish(
-        self,
-        row: asyncpg.Record,
-        body: bytes,
-        original: AbstractIncomingMessage | None,
-        *,
-        rebuilt: bool = False,
-    ) -> ReplayResult:
+    async def _republish(self, row: Row, body: bytes, original: Copy | None) -> ReplayResult:
         message = messages.command(
             body, row["message_id"], headers={REPLAYED_BY_HEADER: self.actor.operator}
         )
         try:
             await amqp.publish_confirmed(
-                self.exchange, message, ROUTING_KEY, timeout=self.settings.publish_timeout_seconds
+                self.dead.exchange,
+                message,
+                ROUTING_KEY,
+                timeout=self.settings.publish_timeout_seconds,
             )
         except PublishNotConfirmed as exc:
             if original is not None:
-                await self._give_back(original)
+                await self.dead.give_back(original)
             return await self._audit(row, "publish-failed", str(exc))
         # Only now, with the copy confirmed, does the dead letter leave its queue.
         if original is not None:
-            await amqp.settle(original.ack, row["message_id"])
-        source = "rebuilt from the record" if rebuilt else "from expirations.dead"
+            await self.dead.remove(original)
+        source = "rebuilt from the record" if original is None else "from expirations.dead"
         return await self._audit(row, "republished", f"{source}; {self.expectations[row['id']]}")
 
-    async def _give_back(self, message: AbstractIncomingMessage) -> None:
-        """Return a message to expirations.dead (a fresh copy once it was returned often)."""
-        await give_back(
-            message,
-            dead_exchange=self.dead_exchange,
-            queue=DEAD_QUEUE,
-            timeout=self.settings.publish_timeout_seconds,
-        )
-
-    async def _audit(self, row: asyncpg.Record, outcome: str, detail: str) -> ReplayResult:
+    async def _audit(self, row: Row, outcome: str, detail: str) -> ReplayResult:
         await postgres.record_replay(
             self.conn,
             row["id"],

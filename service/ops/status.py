@@ -1,33 +1,108 @@
-"""The on-call's screen: the oldest due hold, the backlog, the queues, the dead letters.
+"""The on-call's view of a deployment, and the one place that decides its state.
 
-The age of the oldest due hold (the number to alert on), the due backlog by
-deadline age, the depth and consumers of every queue, and open dead letters by
-error class; as text (``render``) or JSON (``as_json``). The database's view is
-required; the broker's is reported as unreachable (``broker_error``) when it
-cannot be read.
+Reads the database's facts (the schema against the shipped migrations, the
+oldest due hold and the backlog, dead letters, parked holds, the scanners'
+last passes) and the broker's (every queue's depth and consumers); a side that
+cannot be read is reported and the other is still read. ``assess`` (pure)
+turns the facts into problems, each saying what it means and what to do, and
+the most severe one gives the verdict and the exit code. The status command
+renders it as text or JSON (``service/ops/screen.py``), the console as a page.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import asyncio
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
 
 import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
 from service.adapters import postgres
 from service.adapters.amqp.queues import QueueProbe
+from service.adapters.amqp.topology import topology_for
+from service.adapters.classify import DATABASE_ERRORS, schema_missing
 from service.adapters.metrics import Backlog
 from service.adapters.postgres import ownership
+from service.adapters.postgres.leases import ScanPass, last_passes, newest_publish_age
+from service.adapters.postgres.schema import schema_state
+from service.core.durations import human
 from service.core.redaction import redact
-from service.core.topology import build_topology
+from service.core.topology import QUEUE, RETRY_EXCHANGE
 from service.settings import Settings
 
-EXIT_BROKEN = 1
+EXIT_OK = 0
+EXIT_UNREACHABLE = 1
 EXIT_OBJECTIVE_MISSED = 3
+EXIT_DEGRADED = 4
+EXIT_NOT_SET_UP = 5
+# The most severe first: the exit code and the verdict are the most severe problem's.
+SEVERITY = (EXIT_UNREACHABLE, EXIT_NOT_SET_UP, EXIT_OBJECTIVE_MISSED, EXIT_DEGRADED)
+VERDICTS = {
+    EXIT_OK: "OK",
+    EXIT_UNREACHABLE: "DOWN",
+    EXIT_NOT_SET_UP: "NOT SET UP",
+    EXIT_OBJECTIVE_MISSED: "ALERT",
+    EXIT_DEGRADED: "DEGRADED",
+}
+# The scanner's own rule (service/scan/every.py): healthy while a pass ended or recorded
+# a page within two intervals plus the publish timeout plus this margin.
+SCAN_STALL_MARGIN_SECONDS = 5.0
+PASSES_READ = 5
+MIGRATE_COMMAND = "python -m service.migrate"
+DECLARE_COMMAND = "python -m service.declare"
+RETRY_QUEUES = f"{RETRY_EXCHANGE}."
 # What reading the queues raises when the broker cannot be reached or read.
 BROKER_ERRORS = (OSError, aiormq.exceptions.AMQPError, TimeoutError)
+
+
+class Condition(StrEnum):
+    """A problem a deployment can have, as ``--json`` names it."""
+
+    DATABASE_UNREACHABLE = "database-unreachable"
+    BROKER_UNREACHABLE = "broker-unreachable"
+    NOT_MIGRATED = "not-migrated"
+    TOPOLOGY_NOT_DECLARED = "topology-not-declared"
+    OBJECTIVE_BREACHED = "objective-breached"
+    NO_CONSUMER = "no-consumer"
+    NO_SCAN_YET = "no-scan-yet"
+    SCANNER_STOPPED = "scanner-stopped"
+    SCAN_FAILING = "scan-failing"
+
+
+EXIT_CODES = {
+    Condition.DATABASE_UNREACHABLE: EXIT_UNREACHABLE,
+    Condition.BROKER_UNREACHABLE: EXIT_UNREACHABLE,
+    Condition.NOT_MIGRATED: EXIT_NOT_SET_UP,
+    Condition.TOPOLOGY_NOT_DECLARED: EXIT_NOT_SET_UP,
+    Condition.OBJECTIVE_BREACHED: EXIT_OBJECTIVE_MISSED,
+    Condition.NO_CONSUMER: EXIT_DEGRADED,
+    Condition.NO_SCAN_YET: EXIT_DEGRADED,
+    Condition.SCANNER_STOPPED: EXIT_DEGRADED,
+    Condition.SCAN_FAILING: EXIT_DEGRADED,
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing found wrong: what it is, what it means, what to do."""
+
+    condition: Condition
+    summary: str
+    meaning: str
+    todo: str
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.condition]
+
+    @property
+    def line(self) -> str:
+        """The problem in one line."""
+        return f"{self.summary}: {self.meaning}. {self.todo}."
 
 
 @dataclass
@@ -35,53 +110,279 @@ class QueueState:
     """One queue as the broker sees it (ready messages; unacked ones show in the UI)."""
 
     name: str
-    ready: int | None
+    ready: int | None  # None: the queue does not exist
     consumers: int | None
 
 
 @dataclass
 class Status:
-    """Everything the screen shows."""
+    """The facts read, and what they add up to (``problems``, ``verdict``, ``exit_code``).
+
+    ``backlog`` is None when the database's figures could not be read: then
+    ``database_error`` or ``not_migrated`` says why.
+    """
 
     at: str
     objective_seconds: float
-    backlog: Backlog
-    dead_letters_by_class: dict[str, int]
+    scan_stall_seconds: float  # a scanner whose last pass and page are older is stopped
+    backlog: Backlog | None = None
+    dead_letters_by_class: dict[str, int] = field(default_factory=dict)
     parked_holds: int = 0  # held, due or not, their dead letter closed: the scan leaves them
+    passes: list[ScanPass] = field(default_factory=list)  # the newest first
+    newest_publish_age_seconds: float | None = None  # read only when the passes are old
+    database_error: str | None = None
+    not_migrated: str | None = None  # what is missing
+    missing_migrations: list[str] = field(default_factory=list)
     queues: list[QueueState] = field(default_factory=list)
     broker_error: str | None = None
 
     @property
-    def objective_met(self) -> bool:
+    def objective_met(self) -> bool | None:
+        if self.backlog is None:
+            return None
         return self.backlog.oldest_due_age_seconds <= self.objective_seconds
 
     @property
+    def open_dead_letters(self) -> int | None:
+        return None if self.backlog is None else sum(self.dead_letters_by_class.values())
+
+    @property
+    def problems(self) -> list[Problem]:
+        return assess(self)
+
+    @property
     def exit_code(self) -> int:
-        """1 when the broker could not be read, 3 when the objective is missed, else 0."""
-        if self.broker_error:
-            return EXIT_BROKEN
-        return 0 if self.objective_met else EXIT_OBJECTIVE_MISSED
+        """The most severe problem's (1 > 5 > 3 > 4), else 0."""
+        problems = self.problems
+        return problems[0].exit_code if problems else EXIT_OK
+
+    @property
+    def verdict(self) -> str:
+        """The first line: OK, or the most severe problem (and how many more there are)."""
+        problems = self.problems
+        if not problems:
+            return f"{VERDICTS[EXIT_OK]}: {_all_well(self)}"
+        more = len(problems) - 1
+        also = f" (and {more} more problem{'s' if more > 1 else ''} below)" if more else ""
+        return f"{VERDICTS[problems[0].exit_code]}: {problems[0].summary}{also}"
 
 
-async def read_database(conn: postgres.Connection, settings: Settings) -> Status:
-    """The database's part of the screen (no queues yet)."""
-    return Status(
-        at=datetime.now(UTC).isoformat(timespec="seconds"),
-        objective_seconds=settings.oldest_due_objective_seconds,
-        backlog=await postgres.backlog(conn),
-        dead_letters_by_class=await postgres.dead_letters_by_class(conn),
-        parked_holds=await ownership.parked_count(conn),
+def assess(status: Status) -> list[Problem]:
+    """Every problem the facts show, the most severe first."""
+    found = [*_database_problems(status), *_broker_problems(status)]
+    if status.backlog is not None:
+        found += [*_backlog_problems(status, status.backlog), *_scan_problems(status)]
+    return sorted(found, key=lambda problem: SEVERITY.index(problem.exit_code))
+
+
+def _database_problems(status: Status) -> Iterator[Problem]:
+    if status.database_error is not None:
+        yield Problem(
+            Condition.DATABASE_UNREACHABLE,
+            "PostgreSQL cannot be reached",
+            f"{status.database_error}; no hold is scanned or expired while it is down",
+            "Check the database and DATABASE_URL",
+        )
+    elif status.not_migrated is not None:
+        yield Problem(
+            Condition.NOT_MIGRATED,
+            "the database is not migrated",
+            f"{status.not_migrated}; nothing can be scanned or expired",
+            f"Run {MIGRATE_COMMAND} (as the owner of the tables)",
+        )
+
+
+def _broker_problems(status: Status) -> Iterator[Problem]:
+    if status.broker_error is not None:
+        yield Problem(
+            Condition.BROKER_UNREACHABLE,
+            "RabbitMQ cannot be reached",
+            f"{status.broker_error}; no command is published or delivered while it is down",
+            "Check the broker and AMQP_URL",
+        )
+        return
+    missing = [queue.name for queue in status.queues if queue.ready is None]
+    if missing:
+        yield Problem(
+            Condition.TOPOLOGY_NOT_DECLARED,
+            "the topology is not declared",
+            f"{len(missing)} of {len(status.queues)} queues missing ({_names(missing)}); "
+            "consumers and scans refuse to start without it",
+            f"Run {DECLARE_COMMAND} (as a RabbitMQ user that may configure)",
+        )
+    main = next((queue for queue in status.queues if queue.name == QUEUE), None)
+    if main is not None and main.consumers == 0:
+        due = status.backlog.total if status.backlog is not None else 0
+        yield Problem(
+            Condition.NO_CONSUMER,
+            f"no consumer is attached to {QUEUE}",
+            (f"{due} due hold(s) wait" if due else "due holds would wait")
+            + " and nothing is expired, even if consumer processes run",
+            "Start consumers (python -m service.consume); check their /readyz and logs",
+        )
+
+
+def _backlog_problems(status: Status, backlog: Backlog) -> Iterator[Problem]:
+    if backlog.oldest_due_age_seconds > status.objective_seconds:
+        yield Problem(
+            Condition.OBJECTIVE_BREACHED,
+            f"the oldest due hold is {human(backlog.oldest_due_age_seconds)} old, over the "
+            f"objective of {human(status.objective_seconds)}",
+            f"{backlog.total} due hold(s) are not expired in time",
+            "If no other line says why, consumers are too few or too slow: add consumers, "
+            f"and watch the ready count of {QUEUE}",
+        )
+
+
+def _scan_problems(status: Status) -> Iterator[Problem]:
+    stall = status.scan_stall_seconds
+    publish_age = status.newest_publish_age_seconds
+    if publish_age is not None and publish_age <= stall:
+        published = f"; the scan last published {human(publish_age)} ago"
+    else:  # a long pass records its pass at its end, but its pages as it goes
+        published = ""
+    if not status.passes:
+        if not published:
+            yield _no_scan_yet(status)
+        return
+    newest = status.passes[0]
+    if newest.age_seconds > stall and not published:
+        yield Problem(
+            Condition.SCANNER_STOPPED,
+            f"the scanner looks stopped: no pass has ended for {human(newest.age_seconds)}",
+            f"the last ({newest.result}, {newest.scanner}) is older than "
+            f"EXPIRY_SCAN_INTERVAL_SECONDS allows ({human(stall)}: two intervals, the publish "
+            "timeout and 5s) and nothing was published since, so due holds get no command",
+            "Check that the scanner runs (python -m service.produce --every SECONDS) and read "
+            "its scan.failed lines; a pass that cannot reach the broker records nothing",
+        )
+        return
+    failing = [p for p in status.passes if p.failed and (p is newest or p.age_seconds <= stall)]
+    if failing:
+        yield Problem(
+            Condition.SCAN_FAILING,
+            "the last scan pass failed" if newest in failing else "a scan pass failed",
+            "; ".join(
+                f"{p.scanner}: {p.result}, {p.unconfirmed} not confirmed, "
+                f"{human(p.age_seconds)} ago"
+                for p in failing
+            )
+            + "; the holds it left are published again by the next pass",
+            "Read the scanner's scan.failed lines (python -m service.produce --scan says why "
+            "in one line)",
+        )
+
+
+def _no_scan_yet(status: Status) -> Problem:
+    due = status.backlog.total if status.backlog is not None else 0
+    return Problem(
+        Condition.NO_SCAN_YET,
+        "no scan pass has been recorded yet",
+        (f"{due} due hold(s) get" if due else "due holds would get")
+        + " no command until a pass runs (a pass is recorded when it ends)",
+        "Start the scanner: python -m service.produce --every SECONDS (or --scan from cron)",
     )
 
 
-async def read_queues(
-    connection: AbstractConnection, retry_delays: tuple[int, ...]
-) -> list[QueueState]:
+def _all_well(status: Status) -> str:
+    backlog = status.backlog
+    oldest = (
+        f"the oldest due hold is {human(backlog.oldest_due_age_seconds)} old"
+        if backlog is not None and backlog.total
+        else "nothing is due"
+    )
+    main = next((queue for queue in status.queues if queue.name == QUEUE), None)
+    consumers = f"; {main.consumers} consumer(s)" if main is not None else ""
+    scan = f"; last scan pass {human(status.passes[0].age_seconds)} ago" if status.passes else ""
+    return f"{oldest} (objective {human(status.objective_seconds)}){consumers}{scan}"
+
+
+def _names(queues: list[str]) -> str:
+    """Queue names, the delay queues counted as one."""
+    delays = [name for name in queues if name.startswith(RETRY_QUEUES)]
+    names = [name for name in queues if not name.startswith(RETRY_QUEUES)]
+    if delays:
+        names.append(f"{RETRY_QUEUES}* ({len(delays)})")
+    return ", ".join(names)
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def new_status(settings: Settings) -> Status:
+    """A status with nothing read yet."""
+    return Status(
+        at=datetime.now(UTC).isoformat(timespec="seconds"),
+        objective_seconds=settings.oldest_due_objective_seconds,
+        scan_stall_seconds=2 * settings.scan_interval_seconds
+        + settings.publish_timeout_seconds
+        + SCAN_STALL_MARGIN_SECONDS,
+    )
+
+
+async def read_status(
+    settings: Settings,
+    database: AbstractAsyncContextManager[postgres.Connection],
+    broker: AbstractAsyncContextManager[AbstractConnection] | None,
+) -> Status:
+    """Both sides at once, through what opens them (``broker`` None: no connection)."""
+    status = new_status(settings)
+    await asyncio.gather(read_database(status, database), read_broker(status, settings, broker))
+    return status
+
+
+async def read_database(
+    status: Status, database: AbstractAsyncContextManager[postgres.Connection]
+) -> None:
+    """The database's facts into ``status``; what stops the reading is said, not raised."""
+    try:
+        async with database as conn:
+            await _read_facts(status, conn)
+    except DATABASE_ERRORS as exc:
+        status.backlog = None  # whatever was read is not the whole picture
+        missing = schema_missing(exc)
+        if missing is not None:
+            status.not_migrated = redact(missing)
+        else:
+            status.database_error = describe(exc)
+
+
+async def _read_facts(status: Status, conn: postgres.Connection) -> None:
+    schema = await schema_state(conn)
+    if not schema.current:
+        status.missing_migrations = list(schema.missing)
+        status.not_migrated = schema.describe()
+        return
+    status.backlog = await postgres.backlog(conn)
+    status.dead_letters_by_class = await postgres.dead_letters_by_class(conn)
+    status.parked_holds = await ownership.parked_count(conn)
+    status.passes = await last_passes(conn, PASSES_READ)
+    if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
+        status.newest_publish_age_seconds = await newest_publish_age(conn)
+
+
+async def read_broker(
+    status: Status,
+    settings: Settings,
+    broker: AbstractAsyncContextManager[AbstractConnection] | None,
+) -> None:
+    """The queues into ``status``; a broker that cannot be read is said, not raised."""
+    if broker is None:
+        status.broker_error = "no connection to RabbitMQ"
+        return
+    try:
+        async with broker as connection:
+            status.queues = await read_queues(connection, settings)
+    except BROKER_ERRORS as exc:
+        status.broker_error = describe(exc)
+
+
+async def read_queues(connection: AbstractConnection, settings: Settings) -> list[QueueState]:
     """Depth and consumers of every queue of the topology (passive declares)."""
     probe = QueueProbe(connection)
     states = []
     try:
-        for spec in build_topology(retry_delays).queues:
+        for spec in topology_for(settings).queues:
             found = await probe.counts(spec.name)
             if found is None:
                 states.append(QueueState(spec.name, None, None))
@@ -96,39 +397,3 @@ def describe(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, redacted (the broker's errors may quote a URL)."""
     text = str(exc).strip()
     return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-def render(status: Status) -> str:
-    """The human screen."""
-    backlog = status.backlog
-    verdict = "OK" if status.objective_met else "ALERT: older than the objective"
-    lines = [
-        f"expiry status at {status.at}"
-        f"   objective: oldest due hold <= {status.objective_seconds:g}s",
-        "",
-        f"oldest due hold   {backlog.oldest_due_age_seconds:9.1f}s   {verdict}",
-        f"due backlog       {backlog.total:9d}    "
-        + ", ".join(f"{bucket}: {count}" for bucket, count in backlog.by_bucket.items()),
-        f"parked holds      {status.parked_holds:9d}    (dead letters closed: not scanned)",
-        "",
-        f"{'queue':28} {'ready':>8} {'consumers':>10}",
-    ]
-    if status.broker_error:
-        lines.append(f"broker unreachable: {status.broker_error}")
-    for queue in status.queues:
-        ready = "missing" if queue.ready is None else str(queue.ready)
-        consumers = "-" if queue.consumers is None else str(queue.consumers)
-        lines.append(f"{queue.name:28} {ready:>8} {consumers:>10}")
-    lines += ["", "open dead letters by error class:"]
-    lines += [f"  {name:26} {count:>6}" for name, count in status.dead_letters_by_class.items()]
-    if not status.dead_letters_by_class:
-        lines.append("  none")
-    return "\n".join(lines)
-
-
-def as_json(status: Status) -> dict[str, Any]:
-    """The machine form."""
-    data = asdict(status)
-    data["backlog"]["total"] = status.backlog.total
-    data["objective_met"] = status.objective_met
-    return data

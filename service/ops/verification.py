@@ -2,9 +2,11 @@
 
 Checks that every ``expired`` reservation has exactly one expiring transition
 in the audit trail, that nothing left ``expired`` or ``consumed``, that nothing
-was expired before its deadline, and that every due ``held`` reservation has a
-live publish lease or became due within the scan interval. The verdict holds
-the counts and the violations of each check, as lines or as JSON.
+was expired before its deadline, and that no due ``held`` reservation was left
+without a live publish lease by a scan pass that succeeded after it became due.
+A due hold that no such pass has covered yet awaits a scan: not a violation,
+not proven either. The verdict holds the counts, the violations of each check
+and what awaits a scan, as lines (the verdict first) or as JSON.
 """
 
 from __future__ import annotations
@@ -13,36 +15,117 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.adapters import postgres
+from service.adapters.postgres.leases import ScanPass, last_passes
+from service.adapters.postgres.verification import AwaitingScan, awaiting_scan
+from service.core.durations import human
+
+EXIT_PROVEN = 0
+EXIT_VIOLATIONS = 1
+EXIT_AWAITING_SCAN = 4
+EXIT_NOT_MIGRATED = 5
+NOTHING_AWAITS = AwaitingScan(0, None, None)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The totals, and the violations of each check (each list at most ``limit`` long)."""
+    """The totals, the violations of each check (each list at most ``limit`` long), the due
+    holds that await a scan, and the newest scan pass (None: none recorded)."""
 
     totals: dict[str, int]
     violations: dict[str, list[tuple[str, str]]]  # check -> (reservation id, fact)
     limit: int
+    awaiting: AwaitingScan = NOTHING_AWAITS
+    last_pass: ScanPass | None = None
 
     @property
     def failed(self) -> bool:
         return any(self.violations.values())
 
+    @property
+    def proven(self) -> bool:
+        return not self.failed and not self.awaiting.holds
+
+    @property
+    def exit_code(self) -> int:
+        """1 on any violation; else 4 while due holds await a scan; else 0."""
+        if self.failed:
+            return EXIT_VIOLATIONS
+        return EXIT_AWAITING_SCAN if self.awaiting.holds else EXIT_PROVEN
+
+    @property
+    def state(self) -> str:
+        if self.failed:
+            return "violated"
+        return "awaiting-scan" if self.awaiting.holds else "proven"
+
     def as_json(self) -> dict[str, Any]:
-        """The machine form."""
-        return {"ok": not self.failed, "totals": self.totals, "violations": self.violations}
+        """The machine form (``ok``: no violation)."""
+        due = self.awaiting.oldest_due
+        scan = self.last_pass
+        return {
+            "ok": not self.failed,
+            "proven": self.proven,
+            "state": self.state,
+            "verdict": self.verdict(),
+            "totals": self.totals,
+            "violations": self.violations,
+            "awaiting_scan": {
+                "holds": self.awaiting.holds,
+                "oldest_due": due.isoformat() if due is not None else None,
+                "oldest_due_seconds": self.awaiting.oldest_due_seconds,
+            },
+            "last_pass": None
+            if scan is None
+            else {
+                "scanner": scan.scanner,
+                "finished_at": scan.finished_at.isoformat(),
+                "age_seconds": scan.age_seconds,
+                "result": scan.result,
+            },
+        }
 
     def lines(self) -> list[str]:
-        """The counts, each check with its violations, and the verdict."""
-        lines = ["reservations: " + ", ".join(f"{k} {v}" for k, v in self.totals.items())]
+        """The verdict, the counts, each check with its violations, what awaits a scan."""
+        lines = [self.verdict()]
+        lines.append("reservations: " + ", ".join(f"{k} {v}" for k, v in self.totals.items()))
         for name, found in self.violations.items():
             more = "+" if len(found) >= self.limit else ""
             mark = f"{len(found)}{more} VIOLATION(S)" if found else "ok"
             lines.append(f"{name:42} {mark}")
             lines += [f"    {reservation_id}  {fact}" for reservation_id, fact in found]
-        lines.append(
-            "verify: FAILED" if self.failed else "verify: every effect happened exactly once"
-        )
+        if self.awaiting.holds and self.failed:
+            lines.append(self._awaiting())
         return lines
+
+    def verdict(self) -> str:
+        """The first line."""
+        if self.failed:
+            broken = ", ".join(
+                f"{name} ({len(found)})" for name, found in self.violations.items() if found
+            )
+            return f"verify: FAILED: {broken}; verify --json lists the reservations"
+        if self.awaiting.holds:
+            return f"verify: no violation, but not proven yet: {self._awaiting()}"
+        return "verify: every effect happened exactly once"
+
+    def _awaiting(self) -> str:
+        due = self.awaiting.oldest_due
+        since = (
+            f", due since {due.isoformat(timespec='seconds')} "
+            f"({human(self.awaiting.oldest_due_seconds or 0.0)} ago)"
+            if due is not None
+            else ""
+        )
+        return (
+            f"{self.awaiting.holds} due hold(s) await a scan{since}; {self._last_pass()}; "
+            "run the scan (python -m service.produce --scan) and verify again"
+        )
+
+    def _last_pass(self) -> str:
+        scan = self.last_pass
+        if scan is None:
+            return "last scan pass: never"
+        return f"last scan pass ended {human(scan.age_seconds)} ago: {scan.result} ({scan.scanner})"
 
 
 async def verify(conn: postgres.Connection, *, limit: int, scan_interval: float) -> Verdict:
@@ -59,4 +142,6 @@ async def verify(conn: postgres.Connection, *, limit: int, scan_interval: float)
             ]
             for name in postgres.VERIFY_CHECKS
         }
-    return Verdict(totals, violations, limit)
+        awaiting = await awaiting_scan(conn, scan_interval=scan_interval)
+        newest = await last_passes(conn, 1)
+    return Verdict(totals, violations, limit, awaiting, newest[0] if newest else None)

@@ -35,6 +35,7 @@ from service.adapters.amqp.topology import check_topology
 from service.adapters.classify import classify
 from service.adapters.gauges import read_gauges
 from service.adapters.metrics import Gauges
+from service.adapters.postgres.leases import PassResult, record_pass
 from service.adapters.telemetry import tracer_for
 from service.core.domain import command_body, message_id
 from service.core.errors import PublishNotConfirmed, ServiceError
@@ -60,6 +61,7 @@ class ScanResult:
     lapsed: int = 0  # published again: their lease had lapsed with the hold still held
     stopped: bool = False  # ended before its last page, ``stop`` being set
     progressed_at: float = field(default_factory=time.monotonic)  # the last page recorded
+    started_at: datetime | None = None  # the database's now() that decided what was due
 
 
 class ScanStopped(ServiceError):
@@ -98,12 +100,18 @@ async def scan_once(
     result = result if result is not None else ScanResult()
     kept = links is not None
     links = links if links is not None else Links()
+    conn: postgres.Connection | None = None
     try:
         conn, publisher = await links.open(settings, stop, check=check)
         await scan_pass(conn, publisher, settings, stop=stop, result=result)
         await _record_pass(conn, settings, result)
         if gauges is not None:
             await _read_gauges(conn, gauges)
+    except Exception:
+        if conn is not None:
+            await _record_pass(conn, settings, result, failed=True)
+        await links.close()
+        raise
     except BaseException:
         await links.close()
         raise
@@ -119,19 +127,32 @@ async def scan_once(
     return result
 
 
-async def _record_pass(conn: postgres.Connection, settings: Settings, result: ScanResult) -> None:
-    """How the pass went, for the console (its last pass per scanner); a failure is logged."""
-    outcome = "stopped" if result.stopped else ("unconfirmed" if result.failed else "ok")
+async def _record_pass(
+    conn: postgres.Connection, settings: Settings, result: ScanResult, *, failed: bool = False
+) -> None:
+    """How the pass went, and when it started, for status, verify and the console (the
+    last pass per scanner); ``failed``: it raised. A failure to record is logged."""
     try:
-        await postgres.record_pass(
-            conn,
-            settings.worker_id,
-            result=outcome,
-            published=result.published,
-            unconfirmed=result.failed,
-        )
+        # A failed pass's connection may hang: its record waits a short while at most.
+        async with asyncio.timeout(CLAIM_MARGIN_SECONDS if failed else None):
+            await record_pass(
+                conn,
+                settings.worker_id,
+                started_at=result.started_at,
+                result=_outcome(result, failed=failed),
+                published=result.published,
+                unconfirmed=result.failed,
+            )
     except Exception as exc:
         log.warning("scan.record_failed", extra={"error_class": classify(exc)[1]})
+
+
+def _outcome(result: ScanResult, *, failed: bool) -> PassResult:
+    if failed:
+        return PassResult.FAILED
+    if result.stopped:
+        return PassResult.STOPPED
+    return PassResult.UNCONFIRMED if result.failed else PassResult.OK
 
 
 async def _read_gauges(conn: postgres.Connection, gauges: Gauges) -> None:
@@ -261,7 +282,7 @@ async def scan_pass(
     """
     result = result if result is not None else ScanResult()
     stop = stop or asyncio.Event()
-    until = await postgres.db_now(conn)
+    until = result.started_at = await postgres.db_now(conn)
     cursor = (postgres.EPOCH_START, postgres.NIL_UUID)
     previous: Publishing | None = None
     try:

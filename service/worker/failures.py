@@ -1,6 +1,10 @@
 """A delivery that failed: retried through a delay tier, or dead-lettered, with its
 history in our headers; the original is acked only once the copy is confirmed.
 
+A retry goes to one of its tier's slot queues, picked here at random (the
+decision itself is pure), so that commands that failed together come back
+spread over the tier's jitter window, none later than the tier's bound.
+
 A copy the broker refuses returns the delivery to the queue (``basic.reject``,
 which every RabbitMQ version counts as a delivery) after a pause of 1, 2, 4,
 8 s; once it has been returned ``REFUSAL_LIMIT`` times it is rejected for good
@@ -13,6 +17,7 @@ last resort for a delivery whose handling failed in any unexpected way.
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 from service.adapters import amqp
@@ -49,7 +54,11 @@ class Failures:
     ) -> None:
         self.worker = settings.worker_id
         self.policy = RetryPolicy(
-            settings.retry_delays, settings.max_attempts, settings.max_age_seconds
+            settings.retry_delays,
+            settings.max_attempts,
+            settings.max_age_seconds,
+            jitter=settings.retry_jitter,
+            slots=settings.retry_jitter_slots,
         )
         self.publisher = publisher
         self.acks = acks
@@ -60,7 +69,9 @@ class Failures:
         disposition, error_class = classify(exc)
         age = (now_ms() - delivery.attempt.first_seen_ms) / 1000
         number = delivery.attempt.number
-        decision = decide(self.policy, disposition, attempt=number, age_seconds=age)
+        decision = decide(
+            self.policy, disposition, attempt=number, age_seconds=age, draw=random.random()
+        )
         self.reporter.failed(delivery, exc, error_class, decision)
         facts = {
             "reservation_id": delivery.reservation_id,
@@ -97,7 +108,7 @@ class Failures:
         if isinstance(decision, Retry):
             headers[ATTEMPT_HEADER] = decision.next_attempt
             copy = messages.copy_of(delivery.message, headers)
-            await self.publisher.retry(copy, decision.delay_seconds)
+            await self.publisher.retry(copy, decision.delay_ms)
         else:
             headers[ATTEMPT_HEADER] = attempt.number
             headers[GIVE_UP_HEADER] = decision.why.value

@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from service.adapters import amqp, postgres
 from service.core.errors import RowLocked
-from service.core.topology import DEAD_ROUTING_KEY, retry_routing_key
+from service.core.topology import DEAD_ROUTING_KEY, delay_routing_key
 from service.settings import Settings
 from service.worker.delivery import Attempt
 
@@ -58,8 +58,8 @@ class Publisher(Protocol):
     """The broker as the consumer publishes to it (each publish confirmed or raising
     ``PublishNotConfirmed``)."""
 
-    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
-        """To the delay tier of ``delay_seconds``."""
+    async def retry(self, message: aio_pika.Message, delay_ms: int) -> None:
+        """To the delay queue of ``delay_ms`` (a slot of the topology)."""
         ...
 
     async def dead_letter(self, message: aio_pika.Message) -> None:
@@ -144,8 +144,8 @@ class AmqpPublisher:
         self.dead_exchange = dead_exchange
         self.timeout = timeout
 
-    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
-        key = retry_routing_key(delay_seconds)
+    async def retry(self, message: aio_pika.Message, delay_ms: int) -> None:
+        key = delay_routing_key(delay_ms)
         await amqp.publish_confirmed(self.retry_exchange, message, key, timeout=self.timeout)
 
     async def dead_letter(self, message: aio_pika.Message) -> None:

@@ -8,6 +8,10 @@ its queue while the database is away (``returns.give_back``, which never lets
 it reach the queue's delivery limit). A record the database refuses for its
 values is stored again in a reduced form that says why; a message that
 cannot even be read into a record is stored as an unreadable one.
+
+Each record keeps the retry policy of this consumer (its settings, never the
+message's headers), and a record nobody owns yet gets its default owner
+(``EXPIRY_DEAD_LETTER_OWNERS``) in the same transaction, audited.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from service.core.dead_letter import (
     reduced_record,
     unreadable_record,
 )
+from service.core.default_owners import default_owner
+from service.core.recorded_policy import policy_in_force
 from service.core.topology import DEAD_LOG_QUEUE
+from service.settings import Settings
 from service.worker.inflight import InFlight
 
 log = logging.getLogger(__name__)
@@ -48,14 +55,16 @@ class Recorder:
         in_flight: InFlight,
         dead_exchange: AbstractExchange,
         *,
-        publish_timeout: float,
+        settings: Settings,
         metrics: Metrics,
     ) -> None:
         self.metrics = metrics
         self.pool = pool
         self.in_flight = in_flight
         self.dead_exchange = dead_exchange
-        self.publish_timeout = publish_timeout
+        self.publish_timeout = settings.publish_timeout_seconds
+        self.policy = policy_in_force(settings)
+        self.owner_rules = settings.dead_letter_owners
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Record one dead letter, then ack; give it back if the database stays away."""
@@ -107,8 +116,7 @@ class Recorder:
         reduced = False
         for attempt in range(RECORD_ATTEMPTS):
             try:
-                async with self.pool.acquire() as conn:
-                    await postgres.record_dead_letter(conn, record)
+                await self._record(record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -127,6 +135,25 @@ class Recorder:
             else:
                 return True
         return False
+
+    async def _record(self, record: DeadLetterRecord) -> None:
+        """One transaction: the record with this consumer's policy, and its default owner
+        if it has none yet."""
+        owner = default_owner(self.owner_rules, record.error_class)
+        async with self.pool.acquire() as conn:
+            assigned = await postgres.record_dead_letter(
+                conn, record, policy=self.policy, owner=owner
+            )
+        if assigned and owner is not None:
+            log.info(
+                "deadletter.owner_assigned",
+                extra={
+                    "message_id": record.message_id,
+                    "owner": owner.owner,
+                    "pattern": owner.pattern,
+                    "error_class": record.error_class,
+                },
+            )
 
 
 def read_record(message: AbstractIncomingMessage) -> DeadLetterRecord:

@@ -101,7 +101,8 @@ class Reporter:
         if isinstance(decision, Retry):
             self.counts["retried"] += 1
             self.metrics.retried(error_class, seconds=elapsed)
-            log.info("expiry.retry", extra={**facts, "delay_s": decision.delay_seconds})
+            delays = {"delay_s": decision.delay_seconds, "bound_s": decision.bound_seconds}
+            log.info("expiry.retry", extra={**facts, **delays})
         else:
             self.counts["dead_lettered"] += 1
             self.metrics.dead_lettered(error_class, decision.why.value, seconds=elapsed)

@@ -74,7 +74,7 @@ async def assemble(
         pool,
         in_flight,
         dead_exchange,
-        publish_timeout=settings.publish_timeout_seconds,
+        settings=settings,
         metrics=metrics,
     )
     return Runtime(consumer, recorder, batcher, in_flight, reporter)

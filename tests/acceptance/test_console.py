@@ -107,3 +107,58 @@ async def test_only_authorised_operators_replay_or_close_and_every_act_is_audite
         ("closed", "alice"),
     ]
     assert all(e["client_host"] == "127.0.0.1" for e in events)
+
+
+async def test_a_request_that_selects_nothing_changes_nothing_and_a_group_is_listed_first(
+    stack: Stack,
+) -> None:
+    """Hand-made requests naming neither a dead letter nor a group are refused (400) for every
+    act and for a replay, and change nothing; a group's close first lists what it will
+    close, and its confirmation closes exactly that list (a forged plan entry is left
+    out and named)."""
+    await seed_dead_letters(stack, exhausted=2, poison=1)
+    async with running_console(stack) as console, console.client() as alice:
+        await log_in(alice, "alice")
+        token = await csrf_of(alice, "/dead-letters")
+        for action in ("assign", "note", "close", "reopen"):
+            blank = {"csrf": token, "action": action, "text": "all of them?"}
+            answer = await alice.post("/act", data=blank)
+            assert answer.status_code == 400, (action, answer.text)
+            assert "nothing selected" in answer.text
+        for step in ("", "confirm"):
+            answer = await alice.post("/replay", data={"csrf": token, "step": step, "plan": ""})
+            assert answer.status_code == 400
+            assert "nothing selected" in answer.text
+
+        group = {
+            "csrf": token,
+            "action": "close",
+            "scope": "group",
+            "error_class": "db.unavailable",
+            "text": "won't replay",
+        }
+        listed = await alice.post("/act", data=group)
+        assert listed.status_code == 200, listed.text
+        assert listed.text.count("would close") == 2
+        assert "close these 2 dead letter(s) now" in listed.text
+        plan = listed.text.split('name="plan" value="')[1].split('"')[0]
+        async with pg_connection(stack.database_url) as conn:
+            poison_id = await conn.fetchval(
+                "SELECT id FROM dead_letters WHERE error_class <> $1", "db.unavailable"
+            )
+        forged = f"{plan},{poison_id}:1"
+        done = await alice.post("/act", data={**group, "step": "confirm", "plan": forged})
+        assert done.status_code == 200, done.text
+        assert "close: 2 selected, 2 done" in done.text
+        assert f"left out #{poison_id}" in done.text
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT error_class, status FROM dead_letters ORDER BY id")
+        replays = await conn.fetchval("SELECT count(*) FROM dead_letter_replays")
+        events = await conn.fetch("SELECT kind FROM dead_letter_events")
+    assert sorted((r["error_class"], r["status"]) for r in rows) == [
+        ("db.unavailable", "closed"),
+        ("db.unavailable", "closed"),
+        ("poison.not-json", "dead"),
+    ]
+    assert replays == 0
+    assert [e["kind"] for e in events] == ["closed", "closed"]

@@ -33,6 +33,7 @@ from tests.support import (
     Stack,
     missing,
     pg_connection,
+    queue_depth,
     running_consumer,
     transitions_per_reservation,
     wait_for_consumers,
@@ -151,6 +152,83 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
         open_poison = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE status = 'dead'")
     assert [(r["operator"], r["outcome"]) for r in replays] == [("alice", "republished")] * 3
     assert open_poison == 2  # the poison group was not replayed
+
+
+async def test_a_confirmed_group_replay_replays_only_what_its_dry_run_listed(
+    stack: Stack, browser: WebDriver, tmp_path: Path
+) -> None:
+    """A group's dry run lists three dead letters; two more of the group arrive before the
+    confirm: only the three are replayed (their holds expired once, their records replayed,
+    their messages gone from expirations.dead), the two newcomers are named on the result
+    page and left as they were. A hand-made confirm that selects nothing changes nothing."""
+    listed = await seed_dead_letters(stack, exhausted=3, poison=0)
+    async with running_console(stack) as console:
+        await _log_in(browser, console.base)
+        await asyncio.to_thread(
+            browser.get, f"{console.base}/dead-letters?error_class=db.unavailable"
+        )
+        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "replay-group").click)
+        plan = text_of(browser, "plan")
+        assert "replay (dry run): 3 selected, 3 would-republish" in plan
+        newcomers = await seed_dead_letters(stack, exhausted=2, poison=0)
+        async with running_consumer(stack.settings) as task:
+            await wait_for_consumers(stack.amqp_url, 1, task)
+            await asyncio.to_thread(browser.find_element(By.ID, "confirm").click)
+            result = text_of(browser, "result")
+            await _all_expired(stack, listed)
+        screenshot(browser, tmp_path, "replayed-with-newcomers")
+        assert "replay: 3 selected, 3 republished" in result
+        newcomer_ids = await _record_ids(stack, newcomers)
+        for record_id in newcomer_ids:
+            assert f"left out #{record_id}" in result
+        assert result.count("not in the dry run") == 2
+
+        # A hand-made confirm with no selection (the page's own session and token).
+        browser.execute_script(
+            """const token = document.querySelector('input[name=csrf]').value;
+            const form = document.createElement('form');
+            form.method = 'post'; form.action = '/replay';
+            for (const [name, value] of [['csrf', token], ['step', 'confirm'], ['plan', '']]) {
+              const input = document.createElement('input');
+              input.type = 'hidden'; input.name = name; input.value = value;
+              form.appendChild(input);
+            }
+            document.body.appendChild(form); form.submit();"""
+        )
+        assert "nothing selected" in text_of(browser, "refused")
+
+    async with pg_connection(stack.database_url) as conn:
+        states = await conn.fetch(
+            "SELECT d.id, d.status, r.status AS hold FROM dead_letters d"
+            " JOIN reservations r ON r.id = d.reservation_id"
+        )
+        replays = await conn.fetchval("SELECT count(*) FROM dead_letter_replays")
+    by_id = {row["id"]: (row["status"], row["hold"]) for row in states}
+    assert sorted(by_id[i] for i in newcomer_ids) == [("dead", "held")] * 2
+    assert (
+        sorted(v for k, v in by_id.items() if k not in newcomer_ids)
+        == [("replayed", "expired")] * 3
+    )
+    assert replays == 3
+    assert await queue_depth(stack.amqp_url, "expirations.dead") == 2  # the newcomers'
+    per_hold = await transitions_per_reservation(stack.database_url)
+    assert [per_hold.get(rid) for rid in listed] == [1, 1, 1]
+
+
+async def _log_in(browser: WebDriver, base: str) -> None:
+    await asyncio.to_thread(browser.get, f"{base}/login")
+    browser.find_element(By.ID, "name").send_keys("alice")
+    browser.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
+    await asyncio.to_thread(browser.find_element(By.ID, "login").click)
+    text_of(browser, "verdict")  # the overview has loaded
+
+
+async def _record_ids(stack: Stack, holds: list[UUID]) -> list[int]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT id FROM dead_letters WHERE reservation_id = ANY($1::uuid[])", holds
+        )
+    return [row["id"] for row in rows]
 
 
 async def _all_expired(stack: Stack, holds: list[UUID]) -> None:

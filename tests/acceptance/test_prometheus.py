@@ -233,6 +233,16 @@ async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
     for name, expr in moved.items():
         value = await prometheus.value(expr)
         assert (value or 0) > 0, f"{name} did not move: {value}"
+
+    async def the_poison_is_open_unowned_and_ageing() -> bool:
+        """The only dead letter (no EXPIRY_DEAD_LETTER_OWNERS here): read by the consumer."""
+        unowned = await prometheus.value("max(expiry_dead_letters_unowned)")
+        oldest = await prometheus.value("max(expiry_oldest_open_dead_letter_age_seconds)")
+        return unowned == 1 and (oldest or 0) > 0
+
+    await eventually(the_poison_is_open_unowned_and_ageing, timeout=60, every=1)
+    objective = await prometheus.value("max(expiry_dead_letter_age_objective_seconds)")
+    assert objective == 86400  # EXPIRY_DEAD_LETTER_AGE_OBJECTIVE_SECONDS's default
     first = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
     await asyncio.sleep(3)
     later = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")

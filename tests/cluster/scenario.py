@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from service.core.topology import build_topology
 from tests.cluster.fleet import Fleet, ServiceProcess, event_time
 from tests.cluster.nodes import ClusterNode, RabbitCluster
 from tests.cluster.observe import (
@@ -34,7 +35,7 @@ from tests.cluster.observe import (
     queue_views,
 )
 from tests.cluster.report import Figures
-from tests.faults.services import RETRY_DELAYS
+from tests.faults.services import RETRY_DELAYS, RETRY_JITTER, RETRY_JITTER_SLOTS
 from tests.faults.services import service_env as faults_service_env
 from tests.rabbitnode import management_url_beside
 
@@ -50,7 +51,12 @@ SERVICE_QUEUES = {
     QUEUE,
     DEAD_QUEUE,
     "expirations.dead.log",
-    *(f"expirations.retry.{delay}s" for delay in RETRY_DELAYS),
+    *(
+        spec.name
+        for spec in build_topology(
+            RETRY_DELAYS, jitter=RETRY_JITTER, slots=RETRY_JITTER_SLOTS
+        ).delay_queues
+    ),
 }
 PUBLISHED = re.compile(r"^scan: published (\d+) command", re.M)
 

@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 RETRY_DELAYS = (1, 2, 4)
+# One delay queue per tier (no jitter): the scenarios count the retries per tier and the
+# messages in the delay queues (their names follow these: World.retry_queues).
+RETRY_JITTER, RETRY_JITTER_SLOTS = 0.0, 2
 
 # Short budgets so that retries happen within seconds; everything else (the publish
 # lease too) is the service's default.
 SERVICE_ENV = {
     "EXPIRY_RETRY_DELAYS": ",".join(str(d) for d in RETRY_DELAYS),
+    "EXPIRY_RETRY_JITTER": str(RETRY_JITTER),
+    "EXPIRY_RETRY_JITTER_SLOTS": str(RETRY_JITTER_SLOTS),
     "EXPIRY_MAX_ATTEMPTS": "10",
     "EXPIRY_MAX_AGE_SECONDS": "300",
     "EXPIRY_LOCK_TIMEOUT_MS": "1000",

@@ -10,9 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.adapters.sandbox import sandbox_created
+from service.core.topology import build_topology
 from tests.faults.checks import install_transition_trigger
 from tests.faults.nodes import PgCluster
-from tests.faults.services import RETRY_DELAYS, Fleet, ServiceProcess, service_env
+from tests.faults.services import (
+    RETRY_DELAYS,
+    RETRY_JITTER,
+    RETRY_JITTER_SLOTS,
+    Fleet,
+    ServiceProcess,
+    service_env,
+)
 from tests.rabbitnode import FaultNode
 from tests.support import Management
 
@@ -75,7 +83,8 @@ class World:
     @property
     def retry_queues(self) -> list[str]:
         """The delay queues of this world's tiers."""
-        return [f"expirations.retry.{delay}s" for delay in self.retry_delays]
+        tiers = build_topology(self.retry_delays, jitter=RETRY_JITTER, slots=RETRY_JITTER_SLOTS)
+        return [spec.name for spec in tiers.delay_queues]
 
 
 @contextlib.asynccontextmanager

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-from uuid import UUID
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import aio_pika
 import pytest
 
 from service import scan
+from service.core.default_owners import DEFAULT_OPERATOR, parse_owner_rules
+from service.core.domain import command_body
+from service.core.recorded_policy import Policy, policy_in_force
 from tests.seeding import seed_dead_letters
 from tests.support import (
     Stack,
     eventually,
     pg_connection,
+    publish_raw,
     queue_depth,
     run_module,
     running_consumer,
@@ -277,3 +282,66 @@ async def _status_of(stack: Stack, rid: UUID, status: str) -> bool:
     async with pg_connection(stack.database_url) as conn:
         found = await conn.fetchval("SELECT status FROM reservations WHERE id = $1", rid)
     return bool(found == status)
+
+
+async def _events(stack: Stack, record_id: object) -> list[tuple[str, str, str, str]]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT kind, operator, detail, db_user FROM dead_letter_events "
+            "WHERE dead_letter_id = $1 ORDER BY id",
+            record_id,
+        )
+    return [(row["kind"], row["operator"], row["detail"], row["db_user"]) for row in rows]
+
+
+async def test_the_recorder_gives_a_default_owner_audited_and_keeps_its_policy(
+    stack: Stack,
+) -> None:
+    """A new dead letter gets the owner of the first pattern its class matches (an audited
+    assignment) and the recording consumer's policy; one no pattern matches stays unowned;
+    an operator's owner survives the message being dead-lettered again."""
+    settings = stack.settings.model_copy(
+        update={
+            "dead_letter_owners": parse_owner_rules("db.*=team-db,poison.*=team-producers"),
+            "max_attempts": 7,
+            "retry_delays": (1,),  # a tier the stack declared
+        }
+    )
+    unknown, deadline = uuid4(), datetime(2020, 1, 1, tzinfo=UTC)
+    poison = [b"<html>not a command</html>"]
+    async with running_consumer(settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        await publish_raw(stack.amqp_url, poison, message_ids=["junk-owned"])
+        await publish_raw(
+            stack.amqp_url, [command_body(unknown, deadline)], message_ids=["unknown-hold"]
+        )
+        await eventually(lambda: _record_count_is(stack, 2))
+        records = await _records(stack)
+        junk, stray = records["junk-owned"], records["unknown-hold"]
+        assert (junk["error_class"], junk["owner"]) == ("poison.not-json", "team-producers")
+        assert (stray["error_class"], stray["owner"]) == ("unknown-reservation", None)
+        expected = policy_in_force(settings)
+        assert (expected.max_attempts, expected.delays) == (7, (1,))
+        for record in (junk, stray):
+            assert Policy.from_json(record["policy"]) == expected
+        default = (
+            "assigned",
+            DEFAULT_OPERATOR,
+            "team-producers (error class matched poison.*)",
+            "postgres",
+        )
+        assert await _events(stack, junk["id"]) == [default]
+        assert await _events(stack, stray["id"]) == []
+
+        assigned = deadletters(
+            stack, "assign", str(junk["id"]), "--text", "carol-desk", "--operator", "carol"
+        )
+        assert assigned.returncode == 0, assigned.stdout + assigned.stderr
+        await publish_raw(stack.amqp_url, poison, message_ids=["junk-owned"])  # dead again
+        await eventually(lambda: _times_dead(stack, "junk-owned", 2))
+    again = (await _records(stack))["junk-owned"]
+    assert again["owner"] == "carol-desk"
+    assert [event[:3] for event in await _events(stack, junk["id"])] == [
+        default[:3],
+        ("assigned", "carol", "carol-desk"),
+    ]

@@ -15,6 +15,7 @@ import aio_pika
 import pytest
 
 from service import scan
+from service.adapters.amqp.topology import topology_for
 from service.core import topology
 from service.core.errors import TopologyMismatch
 from service.declare import declare
@@ -69,7 +70,7 @@ async def test_declare_builds_the_whole_topology_in_an_empty_vhost_and_may_run_a
     admin = BrokerAdmin.like(bare_stack.management)
     await declare(bare_stack.settings)
     await declare(bare_stack.settings)
-    expected = topology.definitions(topology.build_topology(bare_stack.settings.retry_delays))
+    expected = topology.definitions(topology_for(bare_stack.settings))
     assert await admin.queue_arguments(bare_stack.vhost) == {
         q["name"]: q["arguments"] for q in expected["queues"]
     }
@@ -109,7 +110,7 @@ async def test_a_missing_queue_is_named(stack: Stack) -> None:
     """A deleted delay queue: the consumer refuses to start, naming it."""
     connection = await aio_pika.connect(stack.amqp_url)
     async with connection:
-        await (await connection.channel()).queue_delete(topology.retry_queue(2))
+        await (await connection.channel()).queue_delete(topology.delay_queue(2000))
     await _consumer_refuses(stack.settings, r"queue 'expirations\.retry\.2s' does not exist")
 
 
@@ -133,7 +134,7 @@ async def test_drift_found_through_the_management_api_stops_scan_and_consumer(
 
 async def test_another_argument_value_is_drift(stack: Stack) -> None:
     """A delay queue with another TTL: the consumer names the queue and the argument."""
-    tier = topology.build_topology(stack.settings.retry_delays).queues[1]
+    tier = topology_for(stack.settings).queues[1]
     arguments: dict[str, object] = {**tier.arguments, "x-message-ttl": 999}
     await _redeclare(stack.amqp_url, tier.name, arguments)
     await _consumer_refuses(
@@ -143,7 +144,7 @@ async def test_another_argument_value_is_drift(stack: Stack) -> None:
 
 async def test_a_missing_binding_is_drift(stack: Stack) -> None:
     """A delay queue no longer bound to the retry exchange: the consumer refuses to start."""
-    await _unbind(stack.amqp_url, topology.retry_queue(1), topology.RETRY_EXCHANGE, "1s")
+    await _unbind(stack.amqp_url, topology.delay_queue(1000), topology.RETRY_EXCHANGE, "1s")
     await _consumer_refuses(
         stack.settings,
         r"queue 'expirations\.retry\.1s' .*not bound to exchange 'expirations\.retry' with '1s'",

@@ -12,7 +12,6 @@ only the operator (and the deploy) may purge or read it. The shipped
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import shutil
@@ -76,8 +75,16 @@ from tests.support import (
 
 pytestmark = pytest.mark.integration
 
-DEFAULT_DELAYS: tuple[int, ...] = Settings.model_fields["retry_delays"].default
-TOPOLOGY = topology.build_topology(DEFAULT_DELAYS)
+# The retry settings of rabbitmq/definitions.json: the defaults (tiers, jitter, slots).
+DEFAULT_RETRY: dict[str, Any] = {
+    name: Settings.model_fields[name].default
+    for name in ("retry_delays", "retry_jitter", "retry_jitter_slots")
+}
+TOPOLOGY = topology.build_topology(
+    DEFAULT_RETRY["retry_delays"],
+    jitter=DEFAULT_RETRY["retry_jitter"],
+    slots=DEFAULT_RETRY["retry_jitter_slots"],
+)
 QUEUES = [q.name for q in TOPOLOGY.queues]
 EXCHANGES = [e.name for e in TOPOLOGY.exchanges]
 RUNNING_USERS = (CONSUMER_USER, SCAN_USER, OPERATOR_USER)
@@ -100,7 +107,7 @@ class Shipped:
 @pytest.fixture
 async def shipped(bare_stack: Stack) -> AsyncIterator[Shipped]:
     """The shipped definitions imported into an empty vhost; users made like the shipped."""
-    stack = bare_stack.with_settings(retry_delays=DEFAULT_DELAYS)
+    stack = bare_stack.with_settings(**DEFAULT_RETRY)
     admin = BrokerAdmin.like(stack.management)
     await admin.import_definitions(stack.vhost, for_vhost_import(load_definitions()))
     async with users_like_shipped(admin, stack.vhost, stack.amqp_url) as urls:
@@ -145,7 +152,7 @@ def test_shipped_password_hashes_are_of_the_documented_throwaway_passwords() -> 
 
 # What each user's configure, write and read patterns must cover among these names, and
 # nothing else: the deploy everything of the service; the rest only what their job needs.
-NAMES = [*QUEUES, *EXCHANGES, topology.retry_queue(3600)]
+NAMES = [*QUEUES, *EXCHANGES, topology.delay_queue(3_600_000), topology.delay_queue(3_599_999)]
 OUTSIDERS = ["other", "amq.default", "amq.direct", "expirationsX", "x.expirations", "expirations."]
 JOBS: dict[str, dict[str, set[str]]] = {
     DEPLOY_USER: {kind: set(NAMES) for kind in ("configure", "write", "read")},
@@ -314,21 +321,13 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
         await eventually(lambda: _record_count_is(stack, 2))
     operator = shipped.settings_of(OPERATOR_USER, replay_operators=("alice",))
     async with lifecycle.broker(operator, name="test-status") as connection:
-        queues = await ops_status.read_queues(connection, operator.retry_delays)
+        queues = await ops_status.read_queues(connection, operator)
     assert [(q.name, q.ready) for q in queues if q.name == topology.DEAD_QUEUE] == [
         (topology.DEAD_QUEUE, 2)
     ]
     assert all(q.ready is not None for q in queues)
     monkeypatch.setattr(returns, "REFRESH_AT", 0)
-    args = argparse.Namespace(
-        id="junk-1",
-        all=False,
-        error_class=None,
-        operator="alice",
-        dry_run=False,
-        limit=10,
-        yes=False,
-    )
+    args = deadletters.build_parser().parse_args(["replay", "junk-1", "--operator", "alice"])
     assert await deadletters.replay_command(operator, args) == 0
     assert await queue_depth(stack.amqp_url, topology.QUEUE) == 1  # junk-1, replayed
     assert await queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1  # junk-2, given back
@@ -539,7 +538,7 @@ async def test_shipped_config_boots_a_node_that_loads_the_definitions(
 
         def on_node(user: str) -> Settings:
             amqp_url = f"amqp://{user}:{THROWAWAY_PASSWORDS[user]}@127.0.0.1:{node.amqp_port}/"
-            update = {"amqp_url": (amqp_url,), "retry_delays": DEFAULT_DELAYS}
+            update = {"amqp_url": (amqp_url,), **DEFAULT_RETRY}
             return stack.settings.model_copy(update=update | {"management_url": admin_url})
 
         await declare(on_node(DEPLOY_USER))

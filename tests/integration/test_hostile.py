@@ -10,7 +10,6 @@ that the consumer stayed alive and did its other work exactly once.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime
 import logging
@@ -25,7 +24,9 @@ from pamqp import commands
 
 from service import deadletters, scan
 from service.adapters.amqp.returns import REFRESH_AT
+from service.adapters.amqp.topology import topology_for
 from service.core.domain import command_body
+from service.settings import Settings
 from service.worker.failures import REFUSAL_LIMIT
 from tests.proxy import tcp_proxy
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
@@ -304,9 +305,7 @@ async def test_hostile_messages_in_the_dead_queue_survive_a_replay(stack: Stack)
 
 
 async def _replay(stack: Stack, key: str) -> int:
-    args = argparse.Namespace(
-        id=key, all=False, error_class=None, operator="test", dry_run=False, limit=10, yes=False
-    )
+    args = deadletters.build_parser().parse_args(["replay", key, "--operator", "test"])
     settings = stack.settings.model_copy(update={"replay_operators": ("test",)})
     return await deadletters.replay_command(settings, args)
 
@@ -323,7 +322,7 @@ async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(
         settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
         async with running_consumer(settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
-            await _unbind_retry_tiers(stack, settings.retry_delays)
+            await _unbind_retry_tiers(stack, settings)
             proxy.cut()
             # Published as the scan would, without the scan's declarations (which bind).
             body = command_body(rid, datetime.datetime.now(datetime.UTC))
@@ -341,14 +340,14 @@ async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(
     await _settled(stack, "expirations", "expirations.dead.log")
 
 
-async def _unbind_retry_tiers(stack: Stack, delays: tuple[int, ...]) -> None:
+async def _unbind_retry_tiers(stack: Stack, settings: Settings) -> None:
     """Every retry copy is now unroutable, so the broker returns it (a refusal)."""
     connection = await aio_pika.connect(stack.amqp_url)
     try:
         channel = await connection.channel()
-        for delay in delays:
-            queue = await channel.get_queue(f"expirations.retry.{delay}s")
-            await queue.unbind("expirations.retry", f"{delay}s")
+        for spec in topology_for(settings).delay_queues:
+            queue = await channel.get_queue(spec.name)
+            await queue.unbind(spec.exchange, spec.routing_key)
     finally:
         await connection.close()
 

@@ -31,10 +31,12 @@ import pytest
 from service import scan
 from service.adapters import postgres
 from service.adapters.metrics import Metrics
-from service.adapters.postgres.schema import Migration, load_migrations, migrate
+from service.adapters.postgres.schema import Migration, load_migrations, migrate, schema_state
 from service.cli import cause_chain
 from service.core.dead_letter import DeadLetterRecord
+from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule, parse_owner_rules
 from service.core.domain import Outcome, command_body, message_id
+from service.core.recorded_policy import Policy, policy_in_force
 from service.settings import Settings
 from tests.support import (
     RUN_ID,
@@ -208,17 +210,21 @@ async def test_the_scan_claims_publishes_and_records_leases_as_expiry_scan(stack
 async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A consumer as expiry_consumer expires due holds once, retries nothing, records poison."""
+    """A consumer as expiry_consumer expires due holds once, retries nothing, records poison
+    with its policy and its default owner (audited as expiry_consumer), reads the gauges."""
     caplog.set_level(logging.INFO)
     due = await insert_holds(stack.database_url, 40)
     future = await insert_holds(stack.database_url, 5, due_in=3600)
     port = free_port()
-    settings = role_settings(stack, CONSUMER, http_port=port)
-    async with running_consumer(settings, metrics=Metrics(), backlog_every=0.2) as task:
+    owners = parse_owner_rules("db.*=team-db,poison.*=team-producers")
+    settings = role_settings(stack, CONSUMER, http_port=port, dead_letter_owners=owners)
+    metrics = Metrics()
+    async with running_consumer(settings, metrics=metrics, backlog_every=0.2) as task:
         await wait_for_consumers(stack.amqp_url, 1, task)
         assert (await scan.scan_once(role_settings(stack, SCAN))).published == len(due)
         await publish_raw(stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk"])
         await eventually(lambda: _expired_and_recorded(stack, len(due), ["junk"]))
+        await eventually(lambda: _gauges_read(metrics, open_classes={"poison.not-json": 1}))
         async with httpx.AsyncClient() as client:
             ready = await client.get(f"http://127.0.0.1:{port}/readyz")
         assert ready.status_code == 200, ready.text
@@ -233,6 +239,30 @@ async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
         if record.levelno >= logging.WARNING and record.getMessage() != "expiry.dead_letter"
     ]
     assert complaints == []  # no refused statement, backlog gauge or dead-letter record
+    async with pg_connection(stack.database_url) as conn:
+        record = await conn.fetchrow("SELECT id, owner, policy FROM dead_letters")
+        assert record is not None
+        audit = await conn.fetch(
+            "SELECT kind, operator, detail, db_user FROM dead_letter_events "
+            "WHERE dead_letter_id = $1",
+            record["id"],
+        )
+    assert record["owner"] == "team-producers"
+    assert Policy.from_json(record["policy"]) == policy_in_force(settings)
+    assert [tuple(event) for event in audit] == [
+        ("assigned", DEFAULT_OPERATOR, "team-producers (error class matched poison.*)", CONSUMER)
+    ]
+    assert metrics.gauges.unowned_dead_letters == 0  # read as expiry_consumer
+
+
+async def _gauges_read(metrics: Metrics, *, open_classes: dict[str, int]) -> bool:
+    """Whether the consumer's gauges have read the open dead letters and their owners."""
+    gauges = metrics.gauges
+    return (
+        gauges.open_dead_letters == open_classes
+        and gauges.unowned_dead_letters == 0
+        and gauges.oldest_open_dead_letter_age_seconds is not None
+    )
 
 
 async def _expired_and_recorded(stack: Stack, expired: int, message_ids: list[str]) -> bool:
@@ -274,7 +304,8 @@ async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
         await eventually(lambda: _times_dead(stack, "junk", 2))  # the recorder's update path
 
     status = command("service.status", stack, OPERATOR, "--json")
-    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.returncode == 4, status.stdout + status.stderr  # the consumer has stopped
+    assert "no-consumer" in [p["condition"] for p in json.loads(status.stdout)["problems"]]
     assert json.loads(status.stdout)["dead_letters_by_class"]["poison.not-json"] == 1
     verify = command("service.verify", stack, OPERATOR)
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -338,10 +369,20 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
         await postgres.record_dead_letter(
             conn, dead_letter("junk", last_seen=now + timedelta(seconds=1))
         )
+        assert await postgres.unowned_and_oldest_open(conn) == (1, 0.0)  # last seen ahead
+        rule, policy = OwnerRule("poison.*", "team-producers"), Policy((1, 5), 3, 60, 10)
+        later = dead_letter("junk", last_seen=now + timedelta(seconds=2))
+        assert await postgres.record_dead_letter(conn, later, policy=policy, owner=rule)
+        assert not await postgres.record_dead_letter(conn, later, policy=policy, owner=rule)
+        assert await postgres.unowned_and_oldest_open(conn) == (0, 0.0)
     async with pg_connection(stack.database_url) as conn:
-        times_dead = await conn.fetchval("SELECT times_dead FROM dead_letters")
+        row = await conn.fetchrow("SELECT times_dead, owner, policy FROM dead_letters")
+        assert row is not None
+        times_dead, owner, stored = row
         crashes = await conn.fetchval("SELECT count(*) FROM delivery_crashes")
-    assert (times_dead, crashes) == (2, 0)
+        events = await conn.fetch("SELECT kind, operator, db_user FROM dead_letter_events")
+    assert (times_dead, crashes, owner, Policy.from_json(stored)) == (3, 0, rule.owner, policy)
+    assert [tuple(event) for event in events] == [("assigned", DEFAULT_OPERATOR, CONSUMER)]
     assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(
         (first, second, third), 1
     )
@@ -396,6 +437,7 @@ async def test_every_statement_of_the_operator_runs_as_expiry_operator(stack: St
         assert replayed is not None
         assert replayed["status"] == "replayed"
         assert (await postgres.backlog(conn)).total == 0
+        assert (await schema_state(conn)).current  # status and verify read the ledger
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             await postgres.prepare_verification(conn)
             assert (await postgres.verify_totals(conn))["expired"] == 1
@@ -425,11 +467,24 @@ CANNOT = {
         "UPDATE dead_letters SET body_excerpt = 'x'",
         "UPDATE dead_letters SET recorded_at = now()",
         "SELECT body_excerpt FROM dead_letters",
+        "SELECT policy FROM dead_letters",
+        "UPDATE dead_letters SET note = 'x'",
+        "UPDATE dead_letters SET reservation_id = NULL",
+        "SELECT * FROM dead_letter_events",
+        "UPDATE dead_letter_events SET detail = 'x'",
+        "DELETE FROM dead_letter_events",
+        "TRUNCATE dead_letter_events",
+        "INSERT INTO dead_letter_events (dead_letter_id, kind, operator, db_user) "
+        "SELECT id, 'assigned', 'o', 'someone-else' FROM dead_letters LIMIT 1",
+        "INSERT INTO dead_letter_events (dead_letter_id, kind, operator, at) "
+        "SELECT id, 'assigned', 'o', now() - interval '1 day' FROM dead_letters LIMIT 1",
+        "INSERT INTO dead_letter_events (dead_letter_id, kind, operator, os_user) "
+        "SELECT id, 'assigned', 'o', 'root' FROM dead_letters LIMIT 1",
         "SELECT * FROM dead_letter_replays",
         "INSERT INTO dead_letter_replays (dead_letter_id, message_id, operator, outcome) "
         "VALUES (1, 'm', 'o', 'republished')",
         "TRUNCATE delivery_crashes",
-        "SELECT * FROM schema_migrations",
+        "DELETE FROM schema_migrations",
         "DROP TABLE reservations",
         "ALTER TABLE reservation_transitions DISABLE TRIGGER reservation_transitions_append_only",
         "DROP TRIGGER reservation_transitions_no_truncate ON reservation_transitions",
@@ -551,16 +606,17 @@ GRANTS = {
     (CONSUMER, "delivery_crashes", "UPDATE"): "handled last_at",
     (CONSUMER, "dead_letters", "INSERT"): (
         "message_id reservation_id hold_until error_class give_up reason attempts first_seen "
-        "last_seen worker body_excerpt"
+        "last_seen worker body_excerpt policy"
     ),
     (CONSUMER, "dead_letters", "SELECT"): (
         "message_id status times_dead error_class give_up reason attempts first_seen last_seen "
-        "worker"
+        "worker id owner"
     ),
     (CONSUMER, "dead_letters", "UPDATE"): (
         "status times_dead error_class give_up reason attempts first_seen last_seen worker "
-        "updated_at"
+        "updated_at policy owner"
     ),
+    (CONSUMER, "dead_letter_events", "INSERT"): "dead_letter_id kind operator detail",
     (CONSUMER, "publish_leases", "SELECT"): "reservation_id last_published",
     (CONSUMER, "parked_holds", "SELECT"): "reservation_id",
     (SCAN, "reservations", "SELECT"): EVERY_COLUMN,
@@ -573,7 +629,7 @@ GRANTS = {
     (SCAN, "parked_holds", "SELECT"): "reservation_id",
     (SCAN, "scan_passes", "SELECT"): EVERY_COLUMN,
     (SCAN, "scan_passes", "INSERT"): EVERY_COLUMN,
-    (SCAN, "scan_passes", "UPDATE"): "finished_at result published unconfirmed",
+    (SCAN, "scan_passes", "UPDATE"): "started_at finished_at result published unconfirmed",
     (OPERATOR, "reservations", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "reservation_transitions", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "publish_leases", "SELECT"): EVERY_COLUMN,
@@ -587,6 +643,8 @@ GRANTS = {
     (OPERATOR, "parked_holds", "INSERT"): EVERY_COLUMN,
     (OPERATOR, "parked_holds", "DELETE"): EVERY_COLUMN,
     (OPERATOR, "scan_passes", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "schema_migrations", "SELECT"): EVERY_COLUMN,
+    (CONSUMER, "schema_migrations", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "dead_letter_replays", "INSERT"): (
         "dead_letter_id message_id operator outcome detail os_user client_host"

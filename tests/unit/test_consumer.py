@@ -123,7 +123,7 @@ class FakePublisher:
     retries: list[aio_pika.Message] = field(default_factory=list)
     dead: list[aio_pika.Message] = field(default_factory=list)
 
-    async def retry(self, message: aio_pika.Message, delay_seconds: int) -> None:
+    async def retry(self, message: aio_pika.Message, delay_ms: int) -> None:
         if self.refuse:
             raise PublishNotConfirmed("refused")
         self.retries.append(message)

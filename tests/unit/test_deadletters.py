@@ -45,9 +45,15 @@ def test_control_characters_never_reach_the_terminal() -> None:
     ],
 )
 async def test_replay_all_is_confirmed_at_a_terminal_or_by_yes(
-    monkeypatch: pytest.MonkeyPatch, tty: bool, yes: bool, answer: str | None, refused: str | None
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tty: bool,
+    yes: bool,
+    answer: str | None,
+    refused: str | None,
 ) -> None:
-    """--all asks at a terminal (only 'y' or 'yes' goes on); elsewhere it needs --yes."""
+    """--all shows its list and asks at a terminal (only 'y' or 'yes' goes on); elsewhere
+    it needs --yes."""
     asked: list[str] = []
 
     def fake_input(question: str) -> str:
@@ -59,8 +65,11 @@ async def test_replay_all_is_confirmed_at_a_terminal_or_by_yes(
     monkeypatch.setattr("builtins.input", fake_input)
     args = argparse.Namespace(all=True, yes=yes)
     actor = postgres.Actor("alice", "root", "host")
-    assert await deadletters.unconfirmed(args, actor, 3) == refused
-    assert asked == (["replay 3 dead letter(s) as alice? [y/N] "] if answer is not None else [])
+    listed = ["would-republish  #7  m-7", "would-republish  #8  m-8", "would-republish  #9  m-9"]
+    assert await deadletters.unconfirmed(args, actor, listed, 3) == refused
+    question = "replay these 3 dead letter(s) as alice? [y/N] "
+    assert asked == ([question] if answer is not None else [])
+    assert ("#9  m-9" in capsys.readouterr().out) == (answer is not None)
 
 
 def test_only_listed_operators_may_replay() -> None:

@@ -25,7 +25,7 @@ from service.adapters.amqp.management import (
 from service.core import topology
 from service.settings import Settings
 
-TOPOLOGY = topology.build_topology((1, 5))
+TOPOLOGY = topology.build_topology((1, 5), jitter=0.0, slots=1)
 
 
 def _settings(amqp_url: str, management_url: str | None = None) -> Settings:
@@ -187,7 +187,7 @@ def test_an_object_the_api_does_not_list_is_left_to_the_existence_check() -> Non
 def test_a_non_durable_queue_is_drift() -> None:
     """A queue that would not survive a restart differs, whatever its arguments."""
     answer = _as_shipped()
-    _queue(answer, topology.retry_queue(5))["durable"] = False
+    _queue(answer, topology.delay_queue(5000))["durable"] = False
     found = drift(TOPOLOGY, _observed(answer))
     assert found == Drift("queue 'expirations.retry.5s'", ("durable=False, expected True",))
 

@@ -7,58 +7,12 @@ from typing import Any
 
 import pytest
 
-from service.adapters.metrics import Backlog
+from service.adapters.postgres.leases import ScanPass
+from service.adapters.postgres.verification import AwaitingScan
 from service.core.errors import UsageError
 from service.ops import dead_letters, replay
-from service.ops.status import QueueState, Status, as_json, describe, render
+from service.ops.status import describe
 from service.ops.verification import Verdict
-
-
-def _status(**overrides: Any) -> Status:
-    values: dict[str, Any] = {
-        "at": "2026-01-01T00:00:00+00:00",
-        "objective_seconds": 120.0,
-        "backlog": Backlog(5.0, {"<1m": 2, "1-5m": 1}),
-        "dead_letters_by_class": {},
-    }
-    values.update(overrides)
-    return Status(**values)
-
-
-@pytest.mark.parametrize(
-    ("oldest", "broker_error", "code"),
-    [(5.0, None, 0), (500.0, None, 3), (5.0, "ConnectionError: x", 1), (500.0, "E", 1)],
-)
-def test_the_status_exit_code_puts_an_unreachable_broker_first(
-    oldest: float, broker_error: str | None, code: int
-) -> None:
-    """1 when the broker could not be read, else 3 when the objective is missed, else 0."""
-    status = _status(backlog=Backlog(oldest, {}), broker_error=broker_error)
-    assert status.exit_code == code
-
-
-def test_the_status_screen_names_missing_queues_and_an_unreachable_broker() -> None:
-    """A queue that does not exist shows as missing; the broker's error has its own line."""
-    status = _status(
-        queues=[QueueState("expirations", 3, 2), QueueState("expirations.dead", None, None)],
-        broker_error="ConnectionError: refused",
-        dead_letters_by_class={"poison.not-json": 4},
-    )
-    lines = render(status).splitlines()
-    assert "oldest due hold         5.0s   OK" in lines
-    assert "due backlog               3    <1m: 2, 1-5m: 1" in lines
-    assert "broker unreachable: ConnectionError: refused" in lines
-    assert any(line.split() == ["expirations", "3", "2"] for line in lines)
-    assert any(line.split() == ["expirations.dead", "missing", "-"] for line in lines)
-    assert lines[-1].split() == ["poison.not-json", "4"]
-
-
-def test_the_status_json_holds_the_total_and_the_verdict() -> None:
-    """The machine form adds the backlog's total and whether the objective is met."""
-    data = as_json(_status(backlog=Backlog(500.0, {"<1m": 2})))
-    assert data["backlog"] == {"oldest_due_age_seconds": 500.0, "by_bucket": {"<1m": 2}, "total": 2}
-    assert data["objective_met"] is False
-    assert data["broker_error"] is None
 
 
 def test_a_broker_error_is_described_without_its_password() -> None:
@@ -70,34 +24,72 @@ def test_a_broker_error_is_described_without_its_password() -> None:
 
 
 def test_the_verdict_lists_each_check_and_marks_a_full_list() -> None:
-    """Each check is ok or counts its violations ('+' when the list was cut at the limit)."""
+    """The verdict first, naming the broken checks; each check is ok or counts its
+    violations ('+' when the list was cut at the limit); exit 1."""
     verdict = Verdict(
         {"expired": 3, "held": 1},
         {"one transition per expiry": [], "none expired early": [("r1", "early"), ("r2", "x")]},
         limit=2,
     )
     assert verdict.failed
+    assert verdict.exit_code == 1
     assert verdict.lines() == [
+        "verify: FAILED: none expired early (2); verify --json lists the reservations",
         "reservations: expired 3, held 1",
         f"{'one transition per expiry':42} ok",
         f"{'none expired early':42} 2+ VIOLATION(S)",
         "    r1  early",
         "    r2  x",
-        "verify: FAILED",
     ]
     assert verdict.as_json()["ok"] is False
+    assert verdict.as_json()["state"] == "violated"
 
 
 def test_a_clean_verdict_passes() -> None:
-    """No violation: the last line says every effect happened exactly once."""
+    """No violation and nothing awaiting a scan: proven, exit 0, the JSON keeps its keys."""
     verdict = Verdict({"expired": 3}, {"a": [], "b": []}, limit=20)
     assert not verdict.failed
-    assert verdict.lines()[-1] == "verify: every effect happened exactly once"
-    assert verdict.as_json() == {
+    assert verdict.exit_code == 0
+    assert verdict.lines()[0] == "verify: every effect happened exactly once"
+    data = verdict.as_json()
+    assert {key: data[key] for key in ("ok", "proven", "state", "totals", "violations")} == {
         "ok": True,
+        "proven": True,
+        "state": "proven",
         "totals": {"expired": 3},
         "violations": {"a": [], "b": []},
     }
+    assert data["awaiting_scan"] == {"holds": 0, "oldest_due": None, "oldest_due_seconds": None}
+    assert data["last_pass"] is None
+
+
+def test_holds_awaiting_a_scan_are_not_a_violation_nor_proof() -> None:
+    """Due holds no pass has covered yet: exit 4, a line saying how many, since when, and
+    what the last pass was (never, or how long ago and how it went)."""
+    due = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    awaiting = AwaitingScan(3, due, 192.0)
+    never = Verdict({"held": 3}, {"a": []}, 20, awaiting)
+    assert not never.failed
+    assert never.exit_code == 4
+    assert never.lines()[0] == (
+        "verify: no violation, but not proven yet: 3 due hold(s) await a scan, due since "
+        "2026-01-01T12:00:00+00:00 (3m 12s ago); last scan pass: never; run the scan "
+        "(python -m service.produce --scan) and verify again"
+    )
+    assert never.as_json()["ok"] is True
+    assert never.as_json()["state"] == "awaiting-scan"
+    scan = ScanPass("host:7", None, due, "unconfirmed", 0, 2, 7200.0)
+    seen = Verdict({"held": 3}, {"a": []}, 20, awaiting, scan)
+    assert "last scan pass ended 2h ago: unconfirmed (host:7)" in seen.lines()[0]
+    assert seen.as_json()["last_pass"] == {
+        "scanner": "host:7",
+        "finished_at": "2026-01-01T12:00:00+00:00",
+        "age_seconds": 7200.0,
+        "result": "unconfirmed",
+    }
+    broken = Verdict({"held": 3}, {"a": [("r1", "x")]}, 20, awaiting)
+    assert broken.exit_code == 1
+    assert broken.lines()[-1].startswith("3 due hold(s) await a scan")
 
 
 def test_an_empty_listing_says_so_and_a_full_one_says_what_next() -> None:
@@ -109,17 +101,22 @@ def test_an_empty_listing_says_so_and_a_full_one_says_what_next() -> None:
     assert lines[-1] == "1 dead letter(s); details: show ID; retry: replay ID --operator NAME"
 
 
-def test_a_detail_shows_its_fields_its_trail_and_its_replays() -> None:
-    """One field a line, aligned; 'none' for an empty trail and no replays."""
+def test_a_detail_shows_its_fields_its_policy_its_trail_and_its_replays() -> None:
+    """One field a line, aligned, the policy in words; 'none' for an empty trail and no
+    replays; numbers stay numbers in the machine form."""
     at = datetime(2026, 1, 1, tzinfo=UTC)
     detail = dead_letters.Detail({"id": 7, "message_id": "m\x1b[2J", "last_seen": at})
     lines = detail.lines()
-    assert lines[:3] == [
+    assert lines[:4] == [
         "id          7",
         "message_id  m?[2J",
         "last_seen   2026-01-01T00:00:00+00:00",
+        "policy      not known (recorded before this version)",
     ]
-    assert lines[3:] == [
+    assert lines[4:] == [
+        "",
+        "retry policy now, against the one it was dead-lettered under:",
+        "  the same",
         "",
         "transitions (audit trail):",
         "  none",
@@ -131,9 +128,11 @@ def test_a_detail_shows_its_fields_its_trail_and_its_replays() -> None:
         "  none",
     ]
     assert detail.as_json() == {
-        "id": "7",
+        "id": 7,
         "message_id": "m?[2J",
         "last_seen": "2026-01-01T00:00:00+00:00",
+        "policy": None,
+        "policy_changes": [],
         "transitions": [],
         "replays": [],
         "events": [],

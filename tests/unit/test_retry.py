@@ -1,13 +1,18 @@
-"""Unit tests for service.core.retry: backoff tiers and the two budgets."""
+"""Unit tests for service.core.retry: backoff tiers, jittered slots and the two budgets."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from service.core.errors import Disposition
 from service.core.retry import DeadLetter, GiveUp, Retry, RetryPolicy, backoff, decide
+from service.core.topology import slot_delays_ms
 
 POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=5, max_age_seconds=100)
+JITTERED = RetryPolicy(delays=(1, 5, 30), max_attempts=5, max_age_seconds=100, jitter=0.5, slots=8)
+LAST_DRAW = math.nextafter(1.0, 0.0)  # the largest draw below 1
 
 
 @pytest.mark.parametrize(("attempt", "delay"), [(1, 1), (2, 5), (3, 30), (4, 30), (50, 30)])
@@ -19,31 +24,94 @@ def test_backoff_climbs_the_tiers_then_stays_on_the_last(attempt: int, delay: in
 @pytest.mark.parametrize(
     ("disposition", "attempt", "age", "expected"),
     [
-        (Disposition.TRANSIENT, 1, 0.0, Retry(delay_seconds=1, next_attempt=2)),
-        (Disposition.TRANSIENT, 2, 10.0, Retry(delay_seconds=5, next_attempt=3)),
-        (Disposition.TRANSIENT, 4, 60.0, Retry(delay_seconds=30, next_attempt=5)),
+        (Disposition.TRANSIENT, 1, 0.0, Retry(delay_ms=1000, bound_seconds=1, next_attempt=2)),
+        (Disposition.TRANSIENT, 2, 10.0, Retry(delay_ms=5000, bound_seconds=5, next_attempt=3)),
+        (Disposition.TRANSIENT, 4, 60.0, Retry(delay_ms=30000, bound_seconds=30, next_attempt=5)),
         (Disposition.TRANSIENT, 5, 0.0, DeadLetter(GiveUp.ATTEMPTS_EXHAUSTED)),
         (Disposition.TRANSIENT, 3, 71.0, DeadLetter(GiveUp.AGE_EXHAUSTED)),
-        (Disposition.TRANSIENT, 3, 70.0, Retry(delay_seconds=30, next_attempt=4)),
+        (Disposition.TRANSIENT, 3, 70.0, Retry(delay_ms=30000, bound_seconds=30, next_attempt=4)),
         (Disposition.PERMANENT, 1, 0.0, DeadLetter(GiveUp.PERMANENT)),
     ],
 )
-def test_decide(
-    disposition: Disposition, attempt: int, age: float, expected: Retry | DeadLetter
+@pytest.mark.parametrize("draw", [0.0, 0.5, LAST_DRAW])
+def test_decide_without_jitter_waits_the_tier_whatever_the_draw(
+    disposition: Disposition, attempt: int, age: float, expected: Retry | DeadLetter, draw: float
 ) -> None:
-    """Permanent errors and spent budgets dead-letter; the rest wait a tier."""
-    assert decide(POLICY, disposition, attempt=attempt, age_seconds=age) == expected
+    """Jitter 0 (as before jitter existed): permanent errors and spent budgets dead-letter;
+    the rest wait exactly their tier."""
+    decision = decide(POLICY, disposition, attempt=attempt, age_seconds=age, draw=draw)
+    assert decision == expected
 
 
-def test_decide_never_loops_forever() -> None:
-    """Following the decisions from attempt 1 always ends in a dead letter."""
+@pytest.mark.parametrize(("attempt", "bound"), [(1, 1), (2, 5), (3, 30), (9, 30)])
+def test_the_lowest_draw_takes_the_lowest_slot_and_the_highest_the_bound(
+    attempt: int, bound: int
+) -> None:
+    """Draw 0 picks the window's start, d * (1 - jitter); a draw just below 1 the bound."""
+    policy = RetryPolicy(
+        delays=(1, 5, 30), max_attempts=10, max_age_seconds=1000, jitter=0.5, slots=8
+    )
+    low = decide(policy, Disposition.TRANSIENT, attempt=attempt, age_seconds=0.0, draw=0.0)
+    high = decide(policy, Disposition.TRANSIENT, attempt=attempt, age_seconds=0.0, draw=LAST_DRAW)
+    assert low == Retry(delay_ms=bound * 500, bound_seconds=bound, next_attempt=attempt + 1)
+    assert high == Retry(delay_ms=bound * 1000, bound_seconds=bound, next_attempt=attempt + 1)
+
+
+def test_draws_pick_every_slot_uniformly() -> None:
+    """Equal stretches of draws map to the slots one to one, each an eighth of [0, 1)."""
+    draws = [(i + 0.5) / 800 for i in range(800)]
+    chosen = [
+        decide(JITTERED, Disposition.TRANSIENT, attempt=2, age_seconds=0.0, draw=d) for d in draws
+    ]
+    delays = [c.delay_ms for c in chosen if isinstance(c, Retry)]
+    slots = slot_delays_ms(5, 0.5, 8)
+    assert {ms: delays.count(ms) for ms in slots} == dict.fromkeys(slots, 100)
+
+
+@pytest.mark.parametrize("draw", [i / 97 for i in range(97)] + [LAST_DRAW])
+@pytest.mark.parametrize("attempt", [1, 2, 3, 4])
+def test_a_jittered_retry_never_waits_past_its_bound(draw: float, attempt: int) -> None:
+    """Whatever the draw, the delay is one of the tier's slots, within [d(1 - j), d]."""
+    decision = decide(JITTERED, Disposition.TRANSIENT, attempt=attempt, age_seconds=0.0, draw=draw)
+    assert isinstance(decision, Retry)
+    bound = backoff(JITTERED.delays, attempt)
+    assert decision.bound_seconds == bound
+    assert decision.delay_ms in slot_delays_ms(bound, 0.5, 8)
+    assert bound * 500 <= decision.delay_ms <= bound * 1000
+    assert decision.delay_seconds == decision.delay_ms / 1000
+
+
+@pytest.mark.parametrize("draw", [0.0, LAST_DRAW])
+def test_the_age_budget_is_judged_on_the_bound_not_the_drawn_delay(draw: float) -> None:
+    """A retry whose bound would pass max_age is dead-lettered even when a lower slot was
+    drawn: no command is ever kept waiting past the age budget."""
+    # 71 s old, next tier 30 s: the lowest slot (15 s) would fit, the bound does not.
+    decision = decide(JITTERED, Disposition.TRANSIENT, attempt=3, age_seconds=71.0, draw=draw)
+    assert decision == DeadLetter(GiveUp.AGE_EXHAUSTED)
+    fits = decide(JITTERED, Disposition.TRANSIENT, attempt=3, age_seconds=70.0, draw=draw)
+    assert isinstance(fits, Retry)
+
+
+@pytest.mark.parametrize("draw", [-0.1, 1.0, 1.5, math.nan, math.inf])
+def test_a_draw_outside_zero_to_one_is_a_bug(draw: float) -> None:
+    """The caller draws in [0, 1); anything else is refused, not silently clamped."""
+    with pytest.raises(ValueError, match="draw must be in"):
+        decide(JITTERED, Disposition.TRANSIENT, attempt=1, age_seconds=0.0, draw=draw)
+
+
+@pytest.mark.parametrize("policy", [POLICY, JITTERED])
+def test_decide_never_loops_forever(policy: RetryPolicy) -> None:
+    """Following the decisions from attempt 1, waiting each bound, always ends in a dead
+    letter."""
     attempt, age = 1, 0.0
     for _ in range(100):
-        decision = decide(POLICY, Disposition.TRANSIENT, attempt=attempt, age_seconds=age)
+        decision = decide(
+            policy, Disposition.TRANSIENT, attempt=attempt, age_seconds=age, draw=LAST_DRAW / 2
+        )
         if isinstance(decision, DeadLetter):
             break
-        age += decision.delay_seconds
+        age += decision.bound_seconds
         attempt = decision.next_attempt
     else:
         pytest.fail("retries never ended")
-    assert attempt <= POLICY.max_attempts
+    assert attempt <= policy.max_attempts

@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def topology_for(settings: Settings) -> Topology:
+    """The topology of these settings: their backoff tiers, jittered over their slots."""
+    return build_topology(
+        settings.retry_delays, jitter=settings.retry_jitter, slots=settings.retry_jitter_slots
+    )
+
+
 @dataclass(frozen=True)
 class Declared:
     """The declared objects, by name, on the channel that declared them."""
@@ -106,7 +113,7 @@ async def _exists(what: str, declaration: Awaitable[T]) -> None:
 
 async def check_topology(connection: AbstractConnection, settings: Settings) -> None:
     """Check the topology without changing it; ``TopologyMismatch`` (one line) if it differs."""
-    topology = build_topology(settings.retry_delays)
+    topology = topology_for(settings)
     await require_topology(connection, topology)
     endpoint = management.endpoint_for(settings)
     try:

@@ -11,6 +11,7 @@ from service.adapters.postgres.crashes import (
     mark_handling,
 )
 from service.adapters.postgres.dead_letters import (
+    ASSIGN_DEFAULT_OWNER,
     DEAD_LETTER_COLUMNS,
     DEAD_LETTERS_BY_CLASS,
     GET_DEAD_LETTER,
@@ -21,6 +22,7 @@ from service.adapters.postgres.dead_letters import (
     RECORD_DEAD_LETTER,
     RECORD_REPLAY,
     REPLAYS_OF,
+    UNOWNED_AND_OLDEST_OPEN,
     Actor,
     Page,
     dead_letter_groups,
@@ -31,6 +33,7 @@ from service.adapters.postgres.dead_letters import (
     record_dead_letter,
     record_replay,
     replays_of,
+    unowned_and_oldest_open,
 )
 from service.adapters.postgres.leases import (
     CLAIM_DUE,
@@ -84,6 +87,7 @@ from service.adapters.postgres.verification import (
 )
 
 __all__ = [
+    "ASSIGN_DEFAULT_OWNER",
     "BACKLOG",
     "CLAIM_DUE",
     "CLAIM_LEASES",
@@ -110,6 +114,7 @@ __all__ = [
     "RELEASE_CLAIMS",
     "REPLAYS_OF",
     "TRANSITIONS_OF",
+    "UNOWNED_AND_OLDEST_OPEN",
     "VERIFY_CHECKS",
     "VERIFY_SESSION",
     "VERIFY_TOTALS",
@@ -148,6 +153,7 @@ __all__ = [
     "replays_of",
     "reservation_state",
     "transitions_of",
+    "unowned_and_oldest_open",
     "verify_check",
     "verify_totals",
 ]

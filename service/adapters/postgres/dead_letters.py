@@ -9,13 +9,15 @@ import asyncpg
 
 from service.adapters.postgres.pool import Connection
 from service.core.dead_letter import DeadLetterRecord
+from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule
+from service.core.recorded_policy import Policy
 
 # Idempotent: recording the same dead letter twice changes nothing; a new
 # dead-lettering of a replayed message (a later last_seen) counts up.
 RECORD_DEAD_LETTER = """
 INSERT INTO dead_letters (message_id, reservation_id, hold_until, error_class, give_up, reason,
-                          attempts, first_seen, last_seen, worker, body_excerpt)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                          attempts, first_seen, last_seen, worker, body_excerpt, policy)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb)
     ON CONFLICT (message_id) DO UPDATE
    SET times_dead = dead_letters.times_dead
                     + (dead_letters.last_seen IS DISTINCT FROM EXCLUDED.last_seen)::int,
@@ -25,14 +27,39 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
        reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
        first_seen = LEAST(dead_letters.first_seen, EXCLUDED.first_seen),
        last_seen = GREATEST(dead_letters.last_seen, EXCLUDED.last_seen),
-       worker = EXCLUDED.worker, updated_at = now()
+       worker = EXCLUDED.worker, policy = $12::jsonb, updated_at = now()
+"""
+
+
+# The default owner, only where there is none (an operator's is never overwritten),
+# and its audit event (the database fills in id, at and db_user): one statement.
+ASSIGN_DEFAULT_OWNER = """
+WITH assigned AS (
+    UPDATE dead_letters SET owner = $2, updated_at = now()
+     WHERE message_id = $1 AND owner IS NULL
+ RETURNING id
+), audited AS (
+    INSERT INTO dead_letter_events (dead_letter_id, kind, operator, detail)
+    SELECT id, 'assigned', $3, $4 FROM assigned
+)
+SELECT count(*) FROM assigned
+"""
+
+
+# Open dead letters (status dead, as expiry_dead_letters_open counts them) that nobody
+# owns, and how long ago the oldest of them was last dead-lettered (database clock).
+UNOWNED_AND_OLDEST_OPEN = """
+SELECT count(*) FILTER (WHERE owner IS NULL) AS unowned,
+       COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(last_seen))), 0)::float8 AS oldest
+  FROM dead_letters
+ WHERE status = 'dead'
 """
 
 
 DEAD_LETTER_COLUMNS = """
 id, message_id, reservation_id, hold_until, error_class, give_up, reason, attempts,
 first_seen, last_seen, worker, body_excerpt, status, times_dead, owner, note, recorded_at,
-updated_at
+updated_at, policy
 """
 
 
@@ -103,8 +130,30 @@ MARK_REPLAYED = "UPDATE dead_letters SET status = 'replayed', updated_at = now()
 UNPARK_REPLAYED = "DELETE FROM parked_holds WHERE dead_letter_id = $1"
 
 
-async def record_dead_letter(conn: Connection, record: DeadLetterRecord) -> None:
-    """Write (or refresh) the operator's record of one dead letter."""
+async def record_dead_letter(
+    conn: Connection,
+    record: DeadLetterRecord,
+    *,
+    policy: Policy | None = None,
+    owner: OwnerRule | None = None,
+) -> bool:
+    """Write (or refresh) the operator's record of one dead letter, with the policy it was
+    recorded under; and, in the same transaction, give it ``owner`` (audited) if it has
+    none yet. True if this call assigned the owner."""
+    if owner is None:
+        await _upsert_dead_letter(conn, record, policy)
+        return False
+    async with conn.transaction():
+        await _upsert_dead_letter(conn, record, policy)
+        assigned: int = await conn.fetchval(
+            ASSIGN_DEFAULT_OWNER, record.message_id, owner.owner, DEFAULT_OPERATOR, owner.detail()
+        )
+    return assigned > 0
+
+
+async def _upsert_dead_letter(
+    conn: Connection, record: DeadLetterRecord, policy: Policy | None
+) -> None:
     await conn.execute(
         RECORD_DEAD_LETTER,
         record.message_id,
@@ -118,7 +167,16 @@ async def record_dead_letter(conn: Connection, record: DeadLetterRecord) -> None
         record.last_seen,
         record.worker,
         record.body_excerpt,
+        policy.as_json() if policy is not None else None,
     )
+
+
+async def unowned_and_oldest_open(conn: Connection) -> tuple[int, float]:
+    """Open dead letters nobody owns, and the age in seconds of the oldest open one since
+    it was last dead-lettered (0 when none is open)."""
+    row = await conn.fetchrow(UNOWNED_AND_OLDEST_OPEN)
+    assert row is not None  # an aggregate always returns its row
+    return int(row["unowned"]), float(row["oldest"])
 
 
 async def list_dead_letters(

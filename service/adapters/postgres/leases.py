@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from uuid import UUID
 
 from service.adapters.postgres.pool import Connection
@@ -109,25 +110,76 @@ async def release_claims(conn: Connection, ids: Sequence[UUID]) -> None:
     await conn.execute(RELEASE_CLAIMS, list(ids))
 
 
+class PassResult(StrEnum):
+    """How a scan pass ended, as ``scan_passes.result`` stores it."""
+
+    OK = "ok"
+    UNCONFIRMED = "unconfirmed"  # some commands were not confirmed by the broker
+    STOPPED = "stopped"  # a signal stopped it before its last page
+    FAILED = "failed"  # it raised after reaching the database
+
+
+# The passes that did not do their job: the next pass must publish what they left.
+FAILED_RESULTS = frozenset({PassResult.UNCONFIRMED, PassResult.FAILED})
+
+
 RECORD_PASS = """
-INSERT INTO scan_passes (scanner, result, published, unconfirmed) VALUES ($1, $2, $3, $4)
+INSERT INTO scan_passes (scanner, started_at, result, published, unconfirmed)
+VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (scanner) DO UPDATE
-   SET finished_at = now(), result = EXCLUDED.result, published = EXCLUDED.published,
-       unconfirmed = EXCLUDED.unconfirmed
+   SET started_at = EXCLUDED.started_at, finished_at = now(), result = EXCLUDED.result,
+       published = EXCLUDED.published, unconfirmed = EXCLUDED.unconfirmed
 """
+# Ages by the database's clock, which also stamped the passes.
 LAST_PASSES = """
-SELECT scanner, finished_at, result, published, unconfirmed
+SELECT scanner, started_at, finished_at, result, published, unconfirmed,
+       extract(epoch FROM now() - finished_at)::float8 AS age_seconds
   FROM scan_passes ORDER BY finished_at DESC LIMIT $1
 """
+# How long ago the scan last recorded a confirmed page (NULL: never): a long pass
+# records its pass only at its end, but each of its pages here as it goes.
+NEWEST_PUBLISH_AGE = """
+SELECT extract(epoch FROM now() - max(last_published))::float8 FROM publish_leases
+"""
+
+
+@dataclass(frozen=True)
+class ScanPass:
+    """One scanner's last pass: when it started (None: recorded before that was kept) and
+    ended, how it went, and how long ago it ended."""
+
+    scanner: str
+    started_at: datetime | None
+    finished_at: datetime
+    result: str
+    published: int
+    unconfirmed: int
+    age_seconds: float
+
+    @property
+    def failed(self) -> bool:
+        return self.result in FAILED_RESULTS
 
 
 async def record_pass(
-    conn: Connection, scanner: str, *, result: str, published: int, unconfirmed: int
+    conn: Connection,
+    scanner: str,
+    *,
+    started_at: datetime | None,
+    result: PassResult,
+    published: int,
+    unconfirmed: int,
 ) -> None:
     """Remember how this scanner's last pass went (one row per scanner)."""
-    await conn.execute(RECORD_PASS, scanner, result, published, unconfirmed)
+    await conn.execute(RECORD_PASS, scanner, started_at, result.value, published, unconfirmed)
 
 
-async def last_passes(conn: Connection, limit: int = 5) -> list[dict[str, object]]:
+async def last_passes(conn: Connection, limit: int = 5) -> list[ScanPass]:
     """The scanners' last passes, the newest first."""
-    return [dict(row) for row in await conn.fetch(LAST_PASSES, limit)]
+    return [ScanPass(**dict(row)) for row in await conn.fetch(LAST_PASSES, limit)]
+
+
+async def newest_publish_age(conn: Connection) -> float | None:
+    """Seconds since the scan last recorded a confirmed command (None: never)."""
+    age: float | None = await conn.fetchval(NEWEST_PUBLISH_AGE)
+    return age

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from service.adapters.postgres.pool import Connection, connect
+from service.core.errors import ServiceError
 from service.settings import Settings
 
 log = logging.getLogger("service.migrate")
@@ -26,6 +27,16 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )
 """
 APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
+# Whether the ledger exists, and whether this session may read it (no privilege is
+# needed to ask either).
+LEDGER_ACCESS = """
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present,
+       coalesce(has_table_privilege(to_regclass('schema_migrations'), 'SELECT'), false)
+           AS readable
+"""
+# The migration that lets the operator's role read the ledger: a role that may not read
+# it is on a schema older than this.
+LEDGER_READABLE_FROM = "0010_scan_pass_start"
 RECORD_VERSION = "INSERT INTO schema_migrations (version) VALUES ($1)"
 LOCK = "SELECT pg_advisory_lock($1)"
 UNLOCK = "SELECT pg_advisory_unlock($1)"
@@ -47,6 +58,55 @@ def load_migrations() -> list[Migration]:
         key=lambda entry: entry.name,
     )
     return [Migration(entry.name.removesuffix(".sql"), entry.read_text("utf-8")) for entry in files]
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """How the database's schema compares with the migrations this code ships."""
+
+    missing: tuple[str, ...]  # shipped, not applied, in version order
+    unknown: tuple[str, ...] = ()  # applied, not shipped: a newer release migrated it
+    ledger: bool = True  # schema_migrations exists (False: never migrated)
+
+    @property
+    def current(self) -> bool:
+        return not self.missing
+
+    def describe(self) -> str:
+        """What a schema that is not current lacks, in a few words."""
+        if not self.ledger:
+            return "no schema_migrations table: it was never migrated"
+        shown = ", ".join(self.missing[:3]) + (", ..." if len(self.missing) > 3 else "")
+        return f"{len(self.missing)} migration(s) missing: {shown}"
+
+
+class SchemaNotCurrent(ServiceError):
+    """The database is not migrated, or was migrated by an older release."""
+
+
+async def require_current_schema(conn: Connection) -> None:
+    """Raise ``SchemaNotCurrent`` (saying what is missing) unless every shipped migration
+    is applied: for a process that would otherwise fail on its first delivery."""
+    state = await schema_state(conn)
+    if not state.current:
+        raise SchemaNotCurrent(state.describe())
+
+
+async def schema_state(conn: Connection) -> SchemaState:
+    """Compare ``schema_migrations`` with ``load_migrations()`` (a database without the
+    ledger misses every migration; a role that may not read it, those from
+    ``LEDGER_READABLE_FROM`` on)."""
+    shipped = [migration.version for migration in load_migrations()]
+    access = await conn.fetchrow(LEDGER_ACCESS)
+    if access is None or not access["present"]:
+        return SchemaState(tuple(shipped), ledger=False)
+    if not access["readable"]:
+        return SchemaState(tuple(v for v in shipped if v >= LEDGER_READABLE_FROM))
+    applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
+    return SchemaState(
+        tuple(v for v in shipped if v not in applied),
+        tuple(sorted(applied.difference(shipped))),
+    )
 
 
 async def migrate(settings: Settings) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 from service.adapters.postgres.pool import Connection
@@ -14,6 +16,24 @@ SELECT count(*) FILTER (WHERE status = 'held') AS held,
   FROM reservations
 """
 
+
+# The start of the latest pass that succeeded (NULL: none, or none since started_at is
+# kept). Every pass reads "now" first and claims every hold due by then without a live
+# lease: a hold due, and its lease lapsed, before that start was one it had to publish.
+LAST_OK_PASS_START = "(SELECT max(started_at) FROM scan_passes WHERE result = 'ok')"
+
+# Due (past the scan interval's grace, the parameter {grace}), held, not parked, and no
+# live lease.
+UNLEASED_DUE = """
+  FROM reservations r LEFT JOIN publish_leases l ON l.reservation_id = r.id
+ WHERE r.status = 'held' AND r.hold_until <= now() - make_interval(secs => {grace})
+   AND (l.lease_until IS NULL OR l.lease_until <= now())
+   AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.reservation_id = r.id)
+"""
+# Of those, the ones a successful pass that started after they became due, after their
+# lease lapsed and after they were inserted (a hold inserted already due, behind a pass's
+# cursor, is the next pass's) left alone: a broken promise. The others await a scan.
+LEFT_BY_A_PASS = f"greatest(r.hold_until, r.created_at, l.lease_until) <= {LAST_OK_PASS_START}"
 
 # Each check lists its violations: (reservation id, a short fact).
 VERIFY_CHECKS: dict[str, str] = {
@@ -43,16 +63,24 @@ VERIFY_CHECKS: dict[str, str] = {
          WHERE t.to_status = 'expired' AND t.at < r.hold_until
          LIMIT $1
     """,
-    "due-without-live-lease": """
+    "due-without-live-lease": f"""
         SELECT r.id, 'due for ' || date_trunc('second', now() - r.hold_until)::text
                      || ', lease ' || coalesce('lapsed ' || l.lease_until::text, 'never taken')
-          FROM reservations r LEFT JOIN publish_leases l ON l.reservation_id = r.id
-         WHERE r.status = 'held' AND r.hold_until <= now() - make_interval(secs => $2)
-           AND (l.lease_until IS NULL OR l.lease_until <= now())
-           AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.reservation_id = r.id)
+                     || ', left by a scan pass that started '
+                     || date_trunc('second', now() - {LAST_OK_PASS_START})::text || ' ago'
+        {UNLEASED_DUE.format(grace="$2")}
+           AND {LEFT_BY_A_PASS}
          LIMIT $1
     """,
 }
+
+# The due holds no successful pass has covered yet: how many, the oldest deadline.
+AWAITING_SCAN = f"""
+SELECT count(*) AS holds, min(r.hold_until) AS oldest_due,
+       extract(epoch FROM now() - min(r.hold_until))::float8 AS oldest_due_seconds
+{UNLEASED_DUE.format(grace="$1")}
+   AND NOT coalesce({LEFT_BY_A_PASS}, false)
+"""
 
 
 # Whole-table checks: hash and merge joins (a nested loop over a table without
@@ -69,6 +97,23 @@ async def verify_totals(conn: Connection) -> dict[str, int]:
     """Reservations by status and the number of audited transitions."""
     row = await conn.fetchrow(VERIFY_TOTALS)
     return dict(row) if row else {}
+
+
+@dataclass(frozen=True)
+class AwaitingScan:
+    """Due holds without a live lease that no successful pass has covered yet."""
+
+    holds: int
+    oldest_due: datetime | None
+    oldest_due_seconds: float | None
+
+
+async def awaiting_scan(conn: Connection, *, scan_interval: float) -> AwaitingScan:
+    """The due holds that await a scan (past the scan interval's grace)."""
+    row = await conn.fetchrow(AWAITING_SCAN, scan_interval)
+    if row is None:
+        return AwaitingScan(0, None, None)
+    return AwaitingScan(row["holds"], row["oldest_due"], row["oldest_due_seconds"])
 
 
 async def verify_check(

@@ -1,0 +1,88 @@
+"""Dead letters with their revision, for an act's plan, and the claim that makes it exact.
+
+A record's revision is the row version PostgreSQL gives it (``xmin``): every
+change to the record (dead-lettered again, replayed, closed, reopened, given
+an owner or a note) makes a new one. A plan lists the revisions its dry run
+saw; confirming it claims each record only if its revision is still the same
+(a compare-and-set that itself makes a new revision, so two confirmations of
+one plan cannot both act).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from service.adapters.postgres.dead_letters import DEAD_LETTER_COLUMNS
+from service.adapters.postgres.pool import Connection
+
+REVISIONED = f"{DEAD_LETTER_COLUMNS}, xmin::text AS revision"
+
+BY_KEYS = f"""
+SELECT {REVISIONED}
+  FROM dead_letters
+ WHERE id::text = ANY($1::text[]) OR message_id = ANY($1::text[])
+ ORDER BY last_seen DESC, id DESC
+"""
+
+BY_IDS = f"SELECT {REVISIONED} FROM dead_letters WHERE id = ANY($1::bigint[])"
+
+# A group, newest first: by status, error class and give-up reason (NULL: any).
+GROUP = f"""
+SELECT {REVISIONED}
+  FROM dead_letters
+ WHERE status = ANY($1::text[])
+   AND ($2::text IS NULL OR error_class = $2)
+   AND ($3::text IS NULL OR give_up = $3)
+ ORDER BY last_seen DESC, id DESC
+ LIMIT $4
+"""
+
+GROUP_SIZE = """
+SELECT count(*) FROM dead_letters
+ WHERE status = ANY($1::text[])
+   AND ($2::text IS NULL OR error_class = $2)
+   AND ($3::text IS NULL OR give_up = $3)
+"""
+
+# The compare-and-set: a new row version only if the one the plan saw is still current.
+CLAIM = """
+UPDATE dead_letters SET status = status
+ WHERE id = $1 AND xmin::text = $2
+RETURNING xmin::text AS revision
+"""
+
+
+async def by_keys(conn: Connection, keys: Sequence[str]) -> list[asyncpg.Record]:
+    """The dead letters with these record ids or message ids, newest first."""
+    return await conn.fetch(BY_KEYS, list(keys))
+
+
+async def by_ids(conn: Connection, ids: Sequence[int]) -> list[asyncpg.Record]:
+    """The dead letters with these record ids (any order)."""
+    return await conn.fetch(BY_IDS, list(ids))
+
+
+async def group(
+    conn: Connection,
+    statuses: Sequence[str],
+    error_class: str | None,
+    give_up: str | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    """At most ``limit`` dead letters of a group, newest first."""
+    return await conn.fetch(GROUP, list(statuses), error_class, give_up, limit)
+
+
+async def group_size(
+    conn: Connection, statuses: Sequence[str], error_class: str | None, give_up: str | None
+) -> int:
+    """How many dead letters the group has, whatever the limit."""
+    count: int = await conn.fetchval(GROUP_SIZE, list(statuses), error_class, give_up)
+    return count
+
+
+async def claim(conn: Connection, dead_letter_id: int, revision: str) -> bool:
+    """Claim the record for an act if it is still at ``revision``; False if it changed."""
+    return await conn.fetchval(CLAIM, dead_letter_id, revision) is not None

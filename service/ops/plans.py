@@ -1,0 +1,283 @@
+"""What an act on dead letters acts on: the selection asked for, the plan its dry run shows,
+and the confirmation, which acts on exactly the planned dead letters and no more.
+
+A selection names dead letters (record ids or message ids) or a group (error
+class, give-up reason and status, each of which may be "any"); it is never
+empty, so a request that selects nothing selects nothing. A plan lists each
+selected dead letter with its revision (``adapters/postgres/revisions.py``).
+Confirming a plan reads those records again: one that changed since the dry
+run, or is gone, is left out and named, and so is every member of the group
+that arrived since (a new dry run includes it). Each planned record that is
+still as it was is then claimed, so that two confirmations of one plan never
+both act.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from service.adapters import postgres
+from service.adapters.postgres import revisions
+from service.core.errors import UsageError
+from service.ops.dead_letters import OPEN, cell
+
+# The records each act applies to: an open dead letter is replayed, assigned, noted or
+# closed; a closed one is also replayed, assigned or noted, and reopened.
+STATUSES: dict[str, tuple[str, ...]] = {
+    "replay": OPEN,
+    "assign": OPEN,
+    "note": OPEN,
+    "close": ("dead",),
+    "reopen": ("closed",),
+}
+PLAN_LIMIT = 1000
+KEY_LIMIT = 300
+NAME_LIMIT = 100
+_ITEM = re.compile(r"^(\d{1,18}):(\d{1,10})$")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group of dead letters: an error class, a give-up reason and a status (None: any)."""
+
+    error_class: str | None = None
+    give_up: str | None = None
+    status: str | None = None
+
+    def statuses(self, act: str) -> tuple[str, ...]:
+        """The statuses the group covers for ``act``."""
+        allowed = STATUSES[act]
+        if self.status is None:
+            return allowed
+        return (self.status,) if self.status in allowed else ()
+
+    def holds(self, row: asyncpg.Record | Mapping[str, Any], act: str) -> bool:
+        """Whether the record belongs to the group, for ``act``."""
+        return (
+            row["status"] in self.statuses(act)
+            and self.error_class in (None, row["error_class"])
+            and self.give_up in (None, row["give_up"])
+        )
+
+    def describe(self) -> str:
+        """The group in words."""
+        return (
+            f"error class {self.error_class or 'any'}, give-up {self.give_up or 'any'}, "
+            f"status {self.status or 'any open'}"
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Named dead letters, or a group: exactly one of the two."""
+
+    keys: tuple[str, ...] = ()
+    group: Group | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.keys) == (self.group is not None):
+            raise UsageError(
+                "nothing selected: name dead letters by id, or choose a group explicitly"
+                if not self.keys
+                else "name dead letters or a group, not both"
+            )
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One dead letter of a plan, as its dry run saw it."""
+
+    id: int
+    revision: str
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A dead letter the confirmation did not act on, and why."""
+
+    id: int
+    message_id: str
+    why: str
+
+    def line(self) -> str:
+        """One line of the report."""
+        return f"left out #{self.id}  {cell(self.message_id)}  ({self.why})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a dry run showed: the act, the selection, each record with its revision."""
+
+    act: str
+    selection: Selection
+    items: tuple[Planned, ...]
+    beyond: int = 0  # members of the group past PLAN_LIMIT, not in this plan
+
+    def token(self) -> str:
+        """The items as the console's confirm form carries them: ``id:revision,...``."""
+        return ",".join(f"{item.id}:{item.revision}" for item in self.items)
+
+
+@dataclass
+class Confirmed:
+    """The records a confirmation acts on (claimed), and those it leaves out."""
+
+    rows: list[asyncpg.Record] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The left-out ones, one line each (nothing when none)."""
+        return [item.line() for item in self.left_out]
+
+
+def parse_items(token: str) -> tuple[Planned, ...]:
+    """The items of a confirm form (untrusted): ``id:revision`` pairs, at most PLAN_LIMIT."""
+    parts = [part for part in token.split(",") if part] if token else []
+    if len(parts) > PLAN_LIMIT:
+        raise UsageError(f"a plan holds at most {PLAN_LIMIT} dead letters")
+    items = []
+    for part in parts:
+        match = _ITEM.match(part)
+        if match is None:
+            raise UsageError("the plan is not one a dry run made: dry-run again")
+        items.append(Planned(int(match.group(1)), match.group(2)))
+    return tuple(dict.fromkeys(items))
+
+
+def keys_of(values: Iterable[str]) -> tuple[str, ...]:
+    """Record ids or message ids as given (bounded, blanks dropped, each once)."""
+    return tuple(dict.fromkeys(v.strip()[:KEY_LIMIT] for v in values if v.strip()))
+
+
+async def plan(
+    conn: postgres.Connection, act: str, selection: Selection, limit: int = PLAN_LIMIT
+) -> tuple[Plan, list[Any]]:
+    """The dry run's plan and its records: the selected dead letters in a state to ``act``
+    on, newest first (a group: at most ``limit``, never more than PLAN_LIMIT).
+
+    Named dead letters that do not exist or are not in such a state are refused
+    (``UsageError``), as one alone always was.
+    """
+    limit = max(1, min(limit, PLAN_LIMIT))
+    rows = await select(conn, act, selection, limit)
+    beyond = 0
+    if selection.group is not None and len(rows) == limit:
+        beyond = await _group_size(conn, act, selection.group) - limit
+    items = tuple(Planned(row["id"], row["revision"]) for row in rows)
+    return Plan(act, selection, items, max(0, beyond)), rows
+
+
+def plan_lines(planned: Plan, rows: list[Any]) -> list[str]:
+    """The dry run of an act other than a replay: one line per dead letter, then the count."""
+    lines = [
+        f"would {planned.act:6} #{row['id']}  {cell(row['message_id'])}  "
+        f"({cell(row['error_class'])}, {row['status']})"
+        for row in rows
+    ]
+    return [*lines, *tail_lines(planned)]
+
+
+def tail_lines(planned: Plan) -> list[str]:
+    """What a plan leaves for later, and what it selected."""
+    lines = []
+    if planned.selection.group is not None:
+        lines.append(f"group: {planned.selection.group.describe()}")
+    if planned.beyond:
+        lines.append(
+            f"{planned.beyond} more of the group are not in this plan (at most "
+            f"{len(planned.items)} at once): {planned.act} again afterwards"
+        )
+    if not planned.items:
+        lines.append(f"nothing to {planned.act}")
+    return lines
+
+
+async def select(
+    conn: postgres.Connection, act: str, selection: Selection, limit: int = PLAN_LIMIT
+) -> list[Any]:
+    """The records of ``selection`` in a state to ``act`` on, with their revisions."""
+    group = selection.group
+    if group is not None:
+        statuses = group.statuses(act)
+        return await revisions.group(conn, statuses, group.error_class, group.give_up, limit)
+    rows = await revisions.by_keys(conn, selection.keys)
+    found = {str(row["id"]) for row in rows} | {row["message_id"] for row in rows}
+    if missing := [key for key in selection.keys if key not in found]:
+        raise UsageError(f"no dead letter {missing[0]!r} (give a record id or a message id)")
+    if unfit := [row for row in rows if row["status"] not in STATUSES[act]]:
+        row = unfit[0]
+        raise UsageError(f"dead letter #{row['id']} is {row['status']}; nothing to {act}")
+    return list(rows)
+
+
+async def _group_size(conn: postgres.Connection, act: str, group: Group) -> int:
+    return await revisions.group_size(conn, group.statuses(act), group.error_class, group.give_up)
+
+
+async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
+    """Claim each planned record still as the dry run saw it; name the rest, and the group's
+    newcomers (read now, not acted on)."""
+    now = {row["id"]: row for row in await revisions.by_ids(conn, [i.id for i in planned.items])}
+    keys = set(planned.selection.keys)
+    group = planned.selection.group
+    done = Confirmed()
+    for item in planned.items:
+        row = now.get(item.id)
+        why = _unfit(row, item, planned.act, group, keys)
+        if why is None and row is not None:
+            claimed = await revisions.claim(conn, row["id"], item.revision)
+            why = None if claimed else "changed while it was being confirmed"
+        if why is not None:
+            done.left_out.append(LeftOut(item.id, row["message_id"] if row else "-", why))
+        elif row is not None:
+            done.rows.append(row)
+    if group is not None:
+        done.left_out += await _newcomers(conn, planned, group)
+    return done
+
+
+def _unfit(
+    row: asyncpg.Record | Mapping[str, Any] | None,
+    item: Planned,
+    act: str,
+    group: Group | None,
+    keys: set[str],
+) -> str | None:
+    """Why a planned record must be left out, or None."""
+    if row is None:
+        return "no longer exists"
+    if row["revision"] != item.revision:
+        return f"changed since the dry run: now {row['status']}"
+    if group is not None and not group.holds(row, act):
+        return "not in the group the dry run showed"
+    if group is None and not keys & {str(row["id"]), row["message_id"]}:
+        return "not one of the dead letters the dry run showed"
+    return None
+
+
+async def _newcomers(conn: postgres.Connection, planned: Plan, group: Group) -> list[LeftOut]:
+    """The group's members now that the plan does not list: arrived (or, past the plan's
+    limit, not listed) after the dry run."""
+    planned_ids = {item.id for item in planned.items}
+    why = f"not in the dry run: not {DONE[planned.act]}"
+    why += (
+        " (it arrived since, or was past the plan's limit)"
+        if planned.beyond
+        else " (it arrived since)"
+    )
+    rows = await select(conn, planned.act, Selection(group=group))
+    return [LeftOut(r["id"], r["message_id"], why) for r in rows if r["id"] not in planned_ids]
+
+
+DONE = {
+    "replay": "replayed",
+    "assign": "assigned",
+    "note": "noted",
+    "close": "closed",
+    "reopen": "reopened",
+}

@@ -1,0 +1,82 @@
+"""The console's overview tells what ``status`` tells: the same verdict and problem lines
+(one piece of code decides them), on a database not migrated too, and scan passes with
+their age for people, the stale and the failed ones marked."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+
+import pytest
+
+from tests.acceptance.console_support import log_in, running_console
+from tests.support import Stack, pg_connection, run_module
+
+pytestmark = pytest.mark.acceptance
+
+VERDICT = re.compile(r'<strong id="verdict-line">([^<]*)</strong>')
+PROBLEM = re.compile(r'<li class="problem" data-condition="([^"]+)">')
+SCAN_ROW = re.compile(r'<tr class="scan">(.*?)</tr>', re.DOTALL)
+
+
+async def _overview(stack: Stack) -> str:
+    async with running_console(stack) as console, console.client() as alice:
+        await log_in(alice, "alice")
+        answer = await alice.get("/")
+    assert answer.status_code == 200, answer.text
+    return answer.text
+
+
+async def _status_verdict(stack: Stack) -> str:
+    result = await asyncio.to_thread(run_module, "service.status", env=stack.env())
+    return result.stdout.splitlines()[0]
+
+
+def _verdict(page: str) -> str:
+    found = VERDICT.search(page)
+    assert found is not None, page
+    return html.unescape(found.group(1))
+
+
+async def test_the_overview_of_a_database_not_migrated_says_migrate(stack: Stack) -> None:
+    """No 500: the not-migrated verdict and its line (what to run), as status says it."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    page = await _overview(stack)
+    assert _verdict(page).startswith("NOT SET UP: the database is not migrated")
+    assert _verdict(page) == await _status_verdict(stack)
+    assert PROBLEM.findall(page) == ["not-migrated", "no-consumer"]
+    assert "Run python -m service.migrate" in page
+    assert 'id="database-unread"' in page
+
+
+async def test_the_overview_marks_stale_and_failed_passes_and_shows_ages_for_people(
+    stack: Stack,
+) -> None:
+    """An hour-old pass is stale (the scanner looks stopped), an older failed one of a gone
+    process is stale and failed; ages read 1h ago, not seconds; same verdict as status."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "INSERT INTO scan_passes (scanner, started_at, finished_at, result, published, "
+            "unconfirmed) VALUES "
+            "('host:101', now() - interval '61 minutes', now() - interval '1 hour', 'ok', 5, 0),"
+            "('host:100', now() - interval '3 hours', now() - interval '3 hours', "
+            "'unconfirmed', 0, 3)"
+        )
+    page = await _overview(stack)
+    verdict = _verdict(page)
+    assert verdict.startswith("DEGRADED: no consumer is attached to expirations")
+    assert verdict == await _status_verdict(stack)
+    assert PROBLEM.findall(page) == ["no-consumer", "scanner-stopped"]
+    assert "the scanner looks stopped: no pass has ended for 1h" in page
+    rows = SCAN_ROW.findall(page)
+    assert len(rows) == 2
+    recent, old = rows
+    assert '<td class="bad">1h ago (stale)</td>' in recent
+    assert '<td class="ok">ok</td>' in recent
+    assert '<td class="bad">3h ago (stale)</td>' in old
+    assert '<td class="bad">unconfirmed</td>' in old
+    assert '<span id="open-dead">0</span>' in page
+    assert "expirations.retry.* (2 delay queues)" in page
+    assert not re.search(r"\d{4,}\.\d s", page)  # no raw seconds
