@@ -383,7 +383,10 @@ async def replay_selected(request: Request, operator: str) -> Response:
             return refused(request, 400, str(exc))
         confirmed = await plans.confirm(conn, planned)
         expectations = await dead_letters.expectations(conn, confirmed.rows, console.settings)
-        results = await _replay(console, conn, confirmed.rows, actor, expectations)
+        try:
+            results = await _replay(console, conn, confirmed.rows, actor, expectations)
+        except UsageError as exc:  # another walk of the dead queue held it too long
+            return refused(request, 409, str(exc))
     if results is None:
         return refused(request, 503, "RabbitMQ cannot be reached: nothing was replayed")
     lines = replay.report_lines(results, dry_run=False) + confirmed.lines()

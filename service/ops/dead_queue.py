@@ -8,17 +8,21 @@ what a replay needs to rebuild the command), or given back untouched
 (``returns.give_back``, which never lets a message reach the queue's delivery
 limit). A copy is removed only when its record already knows it: a copy
 dead-lettered after the record's last sighting (not yet recorded) is kept.
+One walk runs at a time (a lock in PostgreSQL): a walk holds every message it
+took until its end, so a second walk at once would find none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 from aio_pika.abc import (
+    AbstractChannel,
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
@@ -30,9 +34,12 @@ from service.adapters.amqp.connection import UNREACHABLE
 from service.adapters.amqp.returns import give_back
 from service.adapters.postgres import revisions
 from service.core.dead_letter import build_record
+from service.core.errors import UsageError
 from service.core.topology import DEAD_EXCHANGE, DEAD_QUEUE, EXCHANGE
 from service.settings import Settings
 
+# How long a walk waits for another to end.
+WALK_WAIT_SECONDS = 120.0
 # A dead letter in one of these states no longer needs its message in the queue.
 SETTLED = ("closed", "replayed")
 
@@ -71,14 +78,25 @@ class DeadQueue:
         self.dead_exchange = dead_exchange
 
     @classmethod
-    async def open(cls, settings: Settings, connection: AbstractRobustConnection) -> DeadQueue:
-        """The dead queue and the exchanges of a walk, on channels of ``connection``."""
-        publish_channel = await amqp.open_confirm_channel(connection)
-        exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
-        dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
-        get_channel = await connection.channel(publisher_confirms=False)
-        queue = await get_channel.get_queue(DEAD_QUEUE, ensure=True)
-        return cls(settings, queue, exchange, dead_exchange)
+    @contextlib.asynccontextmanager
+    async def walk(
+        cls, settings: Settings, conn: postgres.Connection, connection: AbstractRobustConnection
+    ) -> AsyncIterator[DeadQueue]:
+        """The dead queue for one walk, the only one under way (another waits for it, up to
+        WALK_WAIT_SECONDS: ``UsageError`` after), on channels of its own, closed after it."""
+        try:
+            async with (
+                revisions.walking_dead_queue(conn, wait=WALK_WAIT_SECONDS),
+                _channels(connection) as (publish_channel, get_channel),
+            ):
+                exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
+                dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
+                queue = await get_channel.get_queue(DEAD_QUEUE, ensure=True)
+                yield cls(settings, queue, exchange, dead_exchange)
+        except revisions.WalkBusy:
+            raise UsageError(
+                "another replay, close or tidy is walking expirations.dead: try again in a moment"
+            ) from None
 
     async def take_all(self) -> list[Copy]:
         """Every message the queue holds now, taken (unacked) once each."""
@@ -108,6 +126,24 @@ class DeadQueue:
             queue=DEAD_QUEUE,
             timeout=self.settings.publish_timeout_seconds,
         )
+
+
+@contextlib.asynccontextmanager
+async def _channels(
+    connection: AbstractRobustConnection,
+) -> AsyncIterator[tuple[AbstractChannel, AbstractChannel]]:
+    """A confirm channel to publish on and a channel to take from, closed at the end."""
+    publish_channel = await amqp.open_confirm_channel(connection)
+    try:
+        get_channel = await connection.channel(publisher_confirms=False)
+        try:
+            yield publish_channel, get_channel
+        finally:
+            with contextlib.suppress(*amqp.CHANNEL_ERRORS):
+                await get_channel.close()
+    finally:
+        with contextlib.suppress(*amqp.CHANNEL_ERRORS):
+            await publish_channel.close()
 
 
 @dataclass
@@ -142,7 +178,13 @@ async def tidy(
 ) -> Tidied:
     """Remove the copies of closed or replayed dead letters (of ``only``'s message ids, if
     given) from the dead queue; give back every other message."""
-    dead = await DeadQueue.open(settings, connection)
+    async with DeadQueue.walk(settings, conn, connection) as dead:
+        return await _tidy(dead, conn, only=only, dry_run=dry_run)
+
+
+async def _tidy(
+    dead: DeadQueue, conn: postgres.Connection, *, only: set[str] | None, dry_run: bool
+) -> Tidied:
     copies = await dead.take_all()
     records = {
         row["message_id"]: row for row in await revisions.by_keys(conn, [c.key for c in copies])

@@ -91,13 +91,15 @@ async def replay(
     expectations: dict[int, str],
 ) -> list[ReplayResult]:
     """Replay ``rows`` (authorised and claimed): from the dead queue, else from their records."""
-    dead = await DeadQueue.open(settings, connection)
-    replayer = Replayer(settings, conn, dead, actor, expectations)
-    results = await replayer.from_queue({row["message_id"]: row for row in rows})
-    found = {result.record_id for result in results}
-    for row in rows:
-        if row["id"] not in found:
-            results.append(await replayer.from_record(row))
+    if not rows:
+        return []
+    async with DeadQueue.walk(settings, conn, connection) as dead:
+        replayer = Replayer(settings, conn, dead, actor, expectations)
+        results = await replayer.from_queue({row["message_id"]: row for row in rows})
+        found = {result.record_id for result in results}
+        for row in rows:
+            if row["id"] not in found:
+                results.append(await replayer.from_record(row))
     return results
 
 

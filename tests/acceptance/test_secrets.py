@@ -50,7 +50,7 @@ def _everyone(code: int, *says: str) -> dict[str, Expect]:
 def _report(module: str, result: subprocess.CompletedProcess[str]) -> list[str]:
     """The lines that say what failed: the command's own on stderr, or its screen's verdict."""
     lines = [line for line in result.stderr.splitlines() if line.startswith(f"python -m {module}:")]
-    verdicts = ("unhealthy:", "broker unreachable:")
+    verdicts = ("unhealthy:", "DOWN:")
     return lines + [line for line in result.stdout.splitlines() if line.startswith(verdicts)]
 
 
@@ -178,7 +178,7 @@ async def test_no_password_when_the_broker_refuses_it(stack: Stack) -> None:
     expected["service.produce"] = Expect(1, ("RabbitMQ",))
     expected["service.consume"] = Expect(1, ("RabbitMQ",))
     expected["service.declare"] = Expect(1, ("RabbitMQ",))
-    expected["service.status"] = Expect(1, ("broker unreachable:",))
+    expected["service.status"] = Expect(1, ("RabbitMQ cannot be reached",))
     assert await _run_every_command(env, expected) == []
 
 
@@ -192,6 +192,7 @@ async def test_status_with_the_broker_down_shows_no_password(stack: Stack) -> No
     for result in (screen, machine):
         assert result.returncode == 1, result.stderr
         assert not [s for s in SHOWN_NEVER if s in result.stdout + result.stderr]
-    [line] = [line for line in screen.stdout.splitlines() if line.startswith("broker unreachable")]
+    assert screen.stdout.startswith("DOWN: RabbitMQ cannot be reached")
+    [line] = [line for line in screen.stdout.splitlines() if line.startswith("- RabbitMQ")]
     assert "ConnectionError: cannot reach RabbitMQ at amqp://guest:***@" in line
     assert "ConnectionError" in json.loads(machine.stdout)["broker_error"]

@@ -5,12 +5,15 @@ change to the record (dead-lettered again, replayed, closed, reopened, given
 an owner or a note) makes a new one. A plan lists the revisions its dry run
 saw; confirming it claims each record only if its revision is still the same
 (a compare-and-set that itself makes a new revision, so two confirmations of
-one plan cannot both act).
+one plan cannot both act). And the lock that lets one walk of
+``expirations.dead`` run at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
@@ -86,3 +89,31 @@ async def group_size(
 async def claim(conn: Connection, dead_letter_id: int, revision: str) -> bool:
     """Claim the record for an act if it is still at ``revision``; False if it changed."""
     return await conn.fetchval(CLAIM, dead_letter_id, revision) is not None
+
+
+# One walk of expirations.dead at a time (a replay, a close, a tidy): a walk takes
+# every message it finds, unacked, so a second walk at the same time would find
+# none of them. An arbitrary constant shared by every walker: hashtext('expirations.dead').
+WALK_LOCK_KEY = 0x64656164
+TRY_WALK_LOCK = "SELECT pg_try_advisory_lock($1)"
+WALK_UNLOCK = "SELECT pg_advisory_unlock($1)"
+WALK_POLL_SECONDS = 0.2
+
+
+class WalkBusy(Exception):
+    """Another walk of the dead queue held the lock for too long."""
+
+
+@contextlib.asynccontextmanager
+async def walking_dead_queue(conn: Connection, *, wait: float) -> AsyncIterator[None]:
+    """Hold the walk of the dead queue for this session (waiting up to ``wait`` seconds
+    for another walk to end: ``WalkBusy`` after); a session that dies releases it."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while not await conn.fetchval(TRY_WALK_LOCK, WALK_LOCK_KEY):
+        if asyncio.get_running_loop().time() >= deadline:
+            raise WalkBusy
+        await asyncio.sleep(WALK_POLL_SECONDS)
+    try:
+        yield
+    finally:
+        await conn.fetchval(WALK_UNLOCK, WALK_LOCK_KEY)
