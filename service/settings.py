@@ -148,13 +148,21 @@ class Settings(BaseSettings):
     # The operator console (python -m service.console): where it listens (localhost
     # unless told otherwise), who may log in (name:scrypt-hash pairs, made with
     # `python -m service.console hash-password`), or the header a trusted reverse
-    # proxy sets to the authenticated operator's name, and the key that signs its
-    # session cookies (random per process when unset: sessions end at a restart).
+    # proxy sets to the authenticated operator's name, and the key that signs the login
+    # form's CSRF cookie (random per process when unset: a login form opened before a
+    # restart must be reloaded). Sessions live in PostgreSQL and end after
+    # CONSOLE_SESSION_IDLE_SECONDS without a request or CONSOLE_SESSION_MAX_SECONDS after
+    # the login, whichever comes first. CONSOLE_LOGIN_ATTEMPTS failed logins for one name
+    # from one address lock it for CONSOLE_LOGIN_LOCK_SECONDS (service/core/login_throttle.py).
     console_host: str = "127.0.0.1"
     console_port: int = Field(default=8090, ge=1, le=65535)
     console_users: Annotated[tuple[str, ...], NoDecode] = ()
     console_trusted_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
     console_secret: SecretStr | None = Field(default=None, min_length=32)
+    console_session_idle_seconds: int = Field(default=1800, ge=60, le=30 * 86400)
+    console_session_max_seconds: int = Field(default=8 * 3600, ge=60, le=30 * 86400)
+    console_login_attempts: int = Field(default=10, ge=3, le=1000)
+    console_login_lock_seconds: int = Field(default=900, ge=1, le=86400)
     # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
     failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import math
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,18 +29,19 @@ from urllib.parse import quote
 from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
-from starlette.middleware import Middleware
-from starlette.middleware.sessions import SessionMiddleware
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from service.adapters import amqp, lifecycle, postgres
-from service.console import auth, pages
+from service.adapters import amqp, classify, lifecycle, postgres
+from service.adapters.postgres import console as store
+from service.console import auth, guard, pages, sessions
 from service.core import recorded_policy
+from service.core.durations import human
 from service.core.errors import UsageError
 from service.core.inputs import clean_text
 from service.ops import dead_letters, dead_queue, plans, replay
@@ -49,22 +51,9 @@ log = logging.getLogger("service.console")
 
 HERE = Path(__file__).resolve().parent
 POOL_SIZE = 4
-SESSION_SECONDS = 8 * 3600
 LOGIN_FAILURE_PAUSE_SECONDS = 0.5
 BROKER_RETRY_SECONDS = 10.0
-SECURITY_HEADERS = {
-    "content-security-policy": (
-        "default-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "x-content-type-options": "nosniff",
-    "x-frame-options": "DENY",
-    "referrer-policy": "same-origin",
-    "cache-control": "no-store",
-}
 ACTS = ("assign", "note", "close", "reopen")
-# A confirm form's plan: up to 1,000 ``id:revision`` pairs.
-PLAN_FIELD_LIMIT = 40 * 1024
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["cell"] = dead_letters.cell
@@ -77,6 +66,7 @@ class Console:
 
     settings: Settings
     users: dict[str, str]
+    sessions: sessions.Sessions
     pool: postgres.Pool | None = None
     broker: AbstractRobustConnection | None = None
     broker_tried: float = -BROKER_RETRY_SECONDS
@@ -93,8 +83,8 @@ class Console:
             return self.broker
 
     def may(self, operator: str, doing: str) -> str | None:
-        """Why ``operator`` may not replay, close or reopen (None: it may)."""
-        if doing not in ("replay", "close", "reopen"):
+        """Why ``operator`` may not replay, close, reopen or end sessions (None: it may)."""
+        if doing not in ("replay", "close", "reopen", "end sessions"):
             return None
         return dead_letters.refusal(self.settings, self.actor(operator, ""), doing)
 
@@ -121,30 +111,55 @@ def console_of(request: Request) -> Console:
 # -- who is asking ----------------------------------------------------------------------
 
 
-def operator_of(request: Request) -> str | None:
-    """The logged-in operator, or the trusted proxy's name for them; None if nobody."""
+_UNSEEN = object()
+
+
+def client_of(request: Request) -> str:
+    """The browser's address (the proxy's, behind one)."""
+    return clean_text(request.client.host if request.client else "", 100) or "-"
+
+
+def _proxied(request: Request) -> str | None:
+    """The trusted proxy's name for the operator (None: no proxy, or no name)."""
+    header = console_of(request).settings.console_trusted_header
+    if not header:
+        return None
+    return clean_text(request.headers.get(header, "").strip(), OPERATOR_LIMIT) or None
+
+
+async def session_of(request: Request) -> store.Session | None:
+    """The request's open session, looked up once; behind a trusted proxy, one is begun
+    for the proxy's operator when this browser has none."""
+    seen = getattr(request.state, "session", _UNSEEN)
+    if seen is not _UNSEEN:
+        return seen if isinstance(seen, store.Session) else None
     console = console_of(request)
-    header = console.settings.console_trusted_header
-    if header:
-        proxied = clean_text(request.headers.get(header, "").strip(), OPERATOR_LIMIT)
-        return proxied or None
-    name = request.session.get("operator")
-    return name if isinstance(name, str) and name in console.users else None
+    assert console.pool is not None
+    proxied = _proxied(request)
+    async with console.pool.acquire() as conn:
+        found = await console.sessions.current(
+            conn, request.cookies.get(sessions.SESSION_COOKIE), proxied
+        )
+        if found is None and proxied is not None:
+            found, token, _device = await console.sessions.begin(
+                conn, proxied, client_of(request), None
+            )
+            request.state.new_token = token
+    request.state.session = found
+    return found
 
 
-def csrf_token(request: Request) -> str:
-    """This session's CSRF token (made on its first page)."""
-    token = request.session.get("csrf")
-    if isinstance(token, str) and token:
-        return token
-    fresh = auth.new_csrf_token()
-    request.session["csrf"] = fresh
-    return fresh
+def operator_of(request: Request) -> str | None:
+    """The operator of the request's session (once ``session_of`` found it), else None."""
+    found = getattr(request.state, "session", None)
+    return found.operator if isinstance(found, store.Session) else None
 
 
 def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
     """A rendered page, with the operator and the CSRF token in its context."""
-    context.update(operator=operator_of(request), csrf=csrf_token(request))
+    found = getattr(request.state, "session", None)
+    context.setdefault("csrf", found.csrf if isinstance(found, store.Session) else "")
+    context.update(operator=operator_of(request))
     return templates.TemplateResponse(request, template, context, status_code=status)
 
 
@@ -153,27 +168,38 @@ def refused(request: Request, status: int, why: str) -> Response:
     return page(request, "error.html", status=status, why=why)
 
 
+def set_session_cookie(response: Response, token: str) -> None:
+    """The session's cookie: for this site's requests only, never read by a script; it
+    lasts as long as the browser keeps it, the server ends the session itself."""
+    response.set_cookie(sessions.SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
+
+
 Handler = Callable[[Request, str], Awaitable[Response]]
 
 
 def logged_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Only for an operator: else the login page (GET) or 401 (anything else)."""
+    """Only for an operator with an open session: else the login page (GET) or 401."""
 
     async def guarded(request: Request) -> Response:
-        operator = operator_of(request)
-        if operator is None:
+        found = await session_of(request)
+        if found is None:
             if request.method == "GET":
                 return RedirectResponse("/login", status_code=303)
             return refused(request, 401, "log in first")
-        return await handler(request, operator)
+        response = await handler(request, found.operator)
+        if (token := getattr(request.state, "new_token", None)) is not None:
+            set_session_cookie(response, token)
+        return response
 
     return guarded
 
 
 async def posted(request: Request) -> FormData | None:
     """The form of a POST whose CSRF token is the session's; None if it is not."""
-    form = await request.form(max_files=0, max_fields=50, max_part_size=PLAN_FIELD_LIMIT)
-    if not auth.csrf_matches(request.session.get("csrf"), form.get("csrf")):
+    form = await request.form(max_files=0, max_fields=50, max_part_size=guard.PLAN_LIMIT)
+    found = getattr(request.state, "session", None)
+    expected = found.csrf if isinstance(found, store.Session) else None
+    if not auth.csrf_matches(expected, form.get("csrf")):
         return None
     return form
 
@@ -191,33 +217,77 @@ async def login_page(request: Request) -> Response:
     """The login form (a trusted proxy's operators are never asked)."""
     if console_of(request).settings.console_trusted_header:
         return RedirectResponse("/", status_code=303)
-    return page(request, "login.html")
+    return _login_form(request)
+
+
+def _login_form(request: Request, status: int = 200, **context: Any) -> Response:
+    """The login form, its CSRF token bound to this browser's login cookie."""
+    console = console_of(request)
+    login_cookie = sessions.cookie(request.cookies.get(sessions.LOGIN_COOKIE))
+    fresh = login_cookie is None
+    login_cookie = login_cookie or secrets.token_urlsafe(32)
+    token = console.sessions.login_token(login_cookie)
+    response = page(request, "login.html", status=status, csrf=token, **context)
+    if fresh:
+        response.set_cookie(
+            sessions.LOGIN_COOKIE, login_cookie, httponly=True, samesite="strict", path="/login"
+        )
+    return response
 
 
 async def login(request: Request) -> Response:
-    """Check the name and password; start the operator's session."""
+    """Check the name and password (throttled, audited); begin the operator's session."""
     console = console_of(request)
-    form = await posted(request)
-    if form is None:
+    if console.settings.console_trusted_header:
+        return RedirectResponse("/", status_code=303)
+    form = await request.form(max_files=0, max_fields=10)
+    if not console.sessions.login_form_ok(
+        request.cookies.get(sessions.LOGIN_COOKIE), form.get("csrf")
+    ):
         return refused(request, 403, "the form expired: reload the login page")
     name, password = field_of(form, "name", OPERATOR_LIMIT), form.get("password")
     secret = password if isinstance(password, str) else ""
-    if not await asyncio.to_thread(auth.authenticate, console.users, name, secret):
-        log.warning("console.login_failed", extra={"operator": name})
+    client = client_of(request)
+    assert console.pool is not None
+    tried = await console.sessions.log_in(
+        console.pool, name, secret, client, request.cookies.get(sessions.DEVICE_COOKIE)
+    )
+    if tried.outcome == "refused":
+        answer = _login_form(request, status=429, refused=tried.message)
+        answer.headers["retry-after"] = str(max(1, math.ceil(tried.wait_seconds)))
+        return answer
+    if tried.outcome != "ok":
         await asyncio.sleep(LOGIN_FAILURE_PAUSE_SECONDS)
-        return page(request, "login.html", status=401, failed=True)
-    request.session.clear()
-    request.session.update(operator=name, csrf=auth.new_csrf_token())
-    log.info("console.login", extra={"operator": name})
-    return RedirectResponse("/", status_code=303)
+        return _login_form(request, status=401, failed=True)
+    async with console.pool.acquire() as conn:
+        _session, token, device = await console.sessions.begin(
+            conn, name, client, request.cookies.get(sessions.SESSION_COOKIE)
+        )
+    response = RedirectResponse("/", status_code=303)
+    set_session_cookie(response, token)
+    response.set_cookie(
+        sessions.DEVICE_COOKIE,
+        device,
+        max_age=sessions.DEVICE_SECONDS,
+        httponly=True,
+        samesite="strict",
+        path="/login",
+    )
+    return response
 
 
-async def logout(request: Request) -> Response:
-    """End the session."""
+@logged_in
+async def logout(request: Request, operator: str) -> Response:
+    """End the session at once."""
     if await posted(request) is None:
         return refused(request, 403, "the form expired")
-    request.session.clear()
-    return RedirectResponse("/login", status_code=303)
+    console = console_of(request)
+    assert console.pool is not None
+    async with console.pool.acquire() as conn:
+        await console.sessions.end(conn, request.cookies.get(sessions.SESSION_COOKIE), operator)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(sessions.SESSION_COOKIE, path="/")
+    return response
 
 
 @logged_in
@@ -227,7 +297,8 @@ async def overview(request: Request, operator: str) -> Response:
     broker = await console.connection()
     assert console.pool is not None
     seen = await pages.read_overview(console.pool, console.settings, broker)
-    return page(request, "overview.html", seen=seen, screen=seen.status)
+    logins = await pages.read_login_failures(console.pool)
+    return page(request, "overview.html", seen=seen, screen=seen.status, logins=logins)
 
 
 @logged_in
@@ -274,7 +345,7 @@ def _selection(form: FormData) -> plans.Selection:
 
 def _plan_of(form: FormData, act: str, selection: plans.Selection) -> plans.Plan:
     """The plan a confirm form carries back (untrusted: ``plans.confirm`` checks it all)."""
-    items = plans.parse_items(field_of(form, "plan", PLAN_FIELD_LIMIT))
+    items = plans.parse_items(field_of(form, "plan", guard.PLAN_LIMIT))
     if not items:
         raise UsageError("the confirmation carries no plan: dry-run again")
     return plans.Plan(act, selection, items)
@@ -414,52 +485,104 @@ async def _replay(
         return None
 
 
+# -- sessions ------------------------------------------------------------------------
+
+
+@logged_in
+async def sessions_page(request: Request, operator: str) -> Response:
+    """The open sessions, for an operator who may end them (one of EXPIRY_REPLAY_OPERATORS)."""
+    console = console_of(request)
+    if (why := console.may(operator, "end sessions")) is not None:
+        return refused(request, 403, why)
+    assert console.pool is not None
+    s = console.settings
+    async with console.pool.acquire() as conn:
+        rows = await store.open_sessions(
+            conn, s.console_session_idle_seconds, s.console_session_max_seconds
+        )
+    mine = request.state.session.id
+    shown = [pages.session_row(row, mine) for row in rows]
+    return page(
+        request,
+        "sessions.html",
+        sessions=shown,
+        idle=human(s.console_session_idle_seconds),
+        longest=human(s.console_session_max_seconds),
+    )
+
+
+@logged_in
+async def end_sessions(request: Request, operator: str) -> Response:
+    """End one session (``session``: its number) or every session of an operator
+    (``operator``), as an operator who may; each one ended says by whom."""
+    console = console_of(request)
+    form = await posted(request)
+    if form is None:
+        return refused(request, 403, "the form expired: reload the page")
+    if (why := console.may(operator, "end sessions")) is not None:
+        return refused(request, 403, why)
+    whose = field_of(form, "operator", OPERATOR_LIMIT)
+    number = field_of(form, "session", 20)
+    if not whose and not number.isdigit():
+        return refused(request, 400, "nothing selected: name an operator or a session")
+    assert console.pool is not None
+    async with console.pool.acquire() as conn:
+        ended = await store.end_sessions(
+            conn,
+            [whose] if whose else [],
+            [int(number)] if number.isdigit() else [],
+            operator,
+            f"ended by {operator} on the sessions page",
+        )
+    log.warning("console.sessions_ended", extra={"operator": operator, "count": len(ended)})
+    lines = [f"ended session {row['id']} of {row['operator']}" for row in ended]
+    lines.append(f"{len(ended)} session(s) ended" if ended else "no open session matched")
+    return page(request, "result.html", title="end sessions", lines=lines, back="/sessions")
+
+
 # -- the application --------------------------------------------------------------------
 
 
-MAX_BODY_BYTES = 64 * 1024
+ERROR_TITLES = {404: "Not found", 405: "Not allowed"}
 
 
-class SecurityHeaders:
-    """Adds SECURITY_HEADERS to every answer, and refuses a request body larger than
-    MAX_BODY_BYTES (or of unknown length) before anything reads it: the login form is
-    parsed for anyone."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if scope["method"] not in ("GET", "HEAD") and not _small_body(scope):
-            await send({"type": "http.response.start", "status": 413, "headers": []})
-            await send({"type": "http.response.body", "body": b"request too large\n"})
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's 404 and 405 as a plain page."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code, body = guard.plain_page(
+        status, ERROR_TITLES.get(status, "Not done"), "there is nothing here"
+    )
+    return HTMLResponse(body, status_code=code)
 
 
-def _small_body(scope: Scope) -> bool:
-    """Whether the request says it carries at most MAX_BODY_BYTES."""
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            return value.isdigit() and int(value) <= MAX_BODY_BYTES
-    return False
+async def server_error(request: Request, exc: Exception) -> Response:
+    """Anything unexpected: a plain page (the log has the details, never the page): 503
+    when the database is not migrated or cannot be reached (sessions live there), else
+    500."""
+    if classify.schema_missing(exc) is not None:
+        status, why = 503, "the database is not migrated: run python -m service.migrate"
+    elif isinstance(exc, classify.DATABASE_ERRORS):
+        status, why = 503, "PostgreSQL cannot be reached (the console keeps its sessions there)"
+    else:
+        status, why = 500, "the console could not answer: the log says why"
+    log.error("console.error", exc_info=exc, extra={"path": request.url.path[:200]})
+    code, body = guard.plain_page(status, "Not available", why)
+    return HTMLResponse(body, status_code=code)
+
+
+class GuardedStarlette(Starlette):
+    """Starlette with ``guard.Guard`` outside everything, its error handling included."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return guard.Guard(super().build_middleware_stack())
 
 
 def create_app(settings: Settings) -> Starlette:
     """The console for these settings (its database pool opens with the application)."""
-    console = Console(settings, auth.users_from(settings.console_users))
+    users = auth.users_from(settings.console_users)
     secret = settings.console_secret
     key = secret.get_secret_value() if secret is not None else secrets.token_urlsafe(48)
+    console = Console(settings, users, sessions.Sessions(settings, users, key.encode()))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -471,7 +594,7 @@ def create_app(settings: Settings) -> Starlette:
                 if console.broker is not None:
                     await console.broker.close()
 
-    app = Starlette(
+    app = GuardedStarlette(
         routes=[
             Route("/", overview),
             Route("/login", login_page, methods=["GET"]),
@@ -481,19 +604,11 @@ def create_app(settings: Settings) -> Starlette:
             Route("/dead-letters/{key}", detail),
             Route("/act", act, methods=["POST"]),
             Route("/replay", replay_selected, methods=["POST"]),
+            Route("/sessions", sessions_page, methods=["GET"]),
+            Route("/sessions/end", end_sessions, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
-        middleware=[
-            Middleware(SecurityHeaders),
-            Middleware(
-                SessionMiddleware,
-                secret_key=key,
-                session_cookie="expiry_console",
-                max_age=SESSION_SECONDS,
-                same_site="strict",
-                https_only=False,  # behind a TLS proxy, the proxy sets Secure itself
-            ),
-        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
     app.state.console = console

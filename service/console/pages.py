@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import postgres
+from service.adapters.postgres import console as console_store
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
 from service.ops import dead_letters, screen
@@ -164,3 +166,51 @@ class Plan:
     rows: list[Any]
     expectations: dict[int, str]
     lines: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """An open session as the sessions page shows it (never its token)."""
+
+    id: int
+    operator: str
+    client: str
+    age: str
+    idle: str
+    current: bool
+
+
+def session_row(row: Any, current: int) -> SessionRow:
+    """A row of ``OPEN_SESSIONS`` for the page (``current``: the viewer's session)."""
+    return SessionRow(
+        row["id"],
+        dead_letters.cell(row["operator"]),
+        dead_letters.cell(row["client_host"]),
+        human(row["age_seconds"]),
+        human(row["idle_seconds"]),
+        row["id"] == current,
+    )
+
+
+# Failed and refused logins the overview shows: those of the last day, newest first.
+LOGIN_FAILURE_SECONDS = 86400.0
+LOGIN_FAILURES_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class LoginFailures:
+    """Failed and refused logins of the last day: how many, and the newest."""
+
+    count: int
+    rows: list[dict[str, Any]]
+
+
+async def read_login_failures(pool: postgres.Pool) -> LoginFailures | None:
+    """The overview's login failures (None when the database cannot tell them)."""
+    with contextlib.suppress(asyncpg.PostgresError, OSError, ConnectionError, TimeoutError):
+        async with pool.acquire() as conn:
+            count, rows = await console_store.failed_logins(
+                conn, LOGIN_FAILURE_SECONDS, LOGIN_FAILURES_SHOWN
+            )
+        return LoginFailures(count, [dict(row) for row in rows])
+    return None

@@ -33,6 +33,7 @@ class Console:
     """Where the console listens."""
 
     base: str
+    port: int = 0
 
     def client(self) -> httpx.AsyncClient:
         """A browser-like client: its own cookie jar, no redirects followed."""
@@ -62,14 +63,16 @@ async def running_console(stack: Stack, **env: str) -> AsyncIterator[Console]:
     process = await start(
         "service.console",
         env=stack.env(
-            EXPIRY_CONSOLE_PORT=str(port),
-            EXPIRY_CONSOLE_USERS=users(),
-            EXPIRY_CONSOLE_SECRET="a-test-secret-that-is-long-enough-0123456789",
-            EXPIRY_REPLAY_OPERATORS="alice,bob",
-            **env,
+            **{
+                "EXPIRY_CONSOLE_PORT": str(port),
+                "EXPIRY_CONSOLE_USERS": users(),
+                "EXPIRY_CONSOLE_SECRET": "a-test-secret-that-is-long-enough-0123456789",
+                "EXPIRY_REPLAY_OPERATORS": "alice,bob",
+                **env,
+            }
         ),
     )
-    console = Console(f"http://127.0.0.1:{port}")
+    console = Console(f"http://127.0.0.1:{port}", port)
 
     async def answers() -> bool:
         if process.returncode is not None:

@@ -13,9 +13,10 @@ Chromium or its driver is missing, except under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from uuid import UUID
 
@@ -83,6 +84,14 @@ def screenshot(browser: WebDriver, tmp_path: Path, name: str) -> Path:
     return path
 
 
+async def follow(browser: WebDriver, act: Callable[[], object]) -> None:
+    """Do ``act`` (a click, a script's form submit), then wait until the page it leads to
+    has replaced this one: what is read next is never the old page's."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    await asyncio.to_thread(act)
+    await asyncio.to_thread(WebDriverWait(browser, 15).until, expected_conditions.staleness_of(old))
+
+
 def text_of(browser: WebDriver, element_id: str) -> str:
     """The visible text of the element with this id."""
     found = WebDriverWait(browser, 15).until(
@@ -104,7 +113,8 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
         assert browser.current_url.endswith("/login")
         browser.find_element(By.ID, "name").send_keys("alice")
         browser.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
-        await asyncio.to_thread(browser.find_element(By.ID, "login").click)
+        await follow(browser, browser.find_element(By.ID, "login").click)
+        text_of(browser, "verdict")
         assert "Is anything stuck?" in browser.page_source
         dead = text_of(browser, "dead-by-class")
         assert "db.unavailable" in dead
@@ -116,8 +126,8 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
         assert "db.unavailable attempts-exhausted dead 3" in groups
         assert "poison.not-json permanent dead 2" in groups
         screenshot(browser, tmp_path, "dead-letters")
-        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "dead-letter").click)
-        assert browser.find_element(By.ID, "field-status").text == "dead"
+        await follow(browser, browser.find_element(By.CLASS_NAME, "dead-letter").click)
+        assert text_of(browser, "field-status") == "dead"
         assert "it will expire" in text_of(browser, "expectation")
         screenshot(browser, tmp_path, "dead-letter")
         # A form without its CSRF token (the browser's own request, the token removed) is
@@ -127,20 +137,20 @@ async def test_an_operator_finds_dead_letters_dry_runs_and_replays_a_group(
             "document.querySelectorAll('input[name=csrf]').forEach(e => e.remove())"
         )
         browser.find_element(By.ID, "note-text").send_keys("no token")
-        await asyncio.to_thread(browser.find_element(By.ID, "note").click)
+        await follow(browser, browser.find_element(By.ID, "note").click)
         assert "the form expired" in text_of(browser, "refused")
         await asyncio.to_thread(go, detail_url)
         assert "no token" not in text_of(browser, "events")
 
         await asyncio.to_thread(go, f"{console.base}/dead-letters?error_class=db.unavailable")
-        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "replay-group").click)
+        await follow(browser, browser.find_element(By.CLASS_NAME, "replay-group").click)
         plan = text_of(browser, "plan")
         assert plan.count("the hold is held and due: it will expire") == 3
         assert "replay (dry run): 3 selected, 3 would-republish" in plan
         screenshot(browser, tmp_path, "replay-plan")
         async with running_consumer(stack.settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
-            await asyncio.to_thread(browser.find_element(By.ID, "confirm").click)
+            await follow(browser, browser.find_element(By.ID, "confirm").click)
             assert "replay: 3 selected, 3 republished" in text_of(browser, "result")
             await _all_expired(stack, holds)
         screenshot(browser, tmp_path, "replayed")
@@ -167,13 +177,13 @@ async def test_a_confirmed_group_replay_replays_only_what_its_dry_run_listed(
         await asyncio.to_thread(
             browser.get, f"{console.base}/dead-letters?error_class=db.unavailable"
         )
-        await asyncio.to_thread(browser.find_element(By.CLASS_NAME, "replay-group").click)
+        await follow(browser, browser.find_element(By.CLASS_NAME, "replay-group").click)
         plan = text_of(browser, "plan")
         assert "replay (dry run): 3 selected, 3 would-republish" in plan
         newcomers = await seed_dead_letters(stack, exhausted=2, poison=0)
         async with running_consumer(stack.settings) as task:
             await wait_for_consumers(stack.amqp_url, 1, task)
-            await asyncio.to_thread(browser.find_element(By.ID, "confirm").click)
+            await follow(browser, browser.find_element(By.ID, "confirm").click)
             result = text_of(browser, "result")
             await _all_expired(stack, listed)
         screenshot(browser, tmp_path, "replayed-with-newcomers")
@@ -184,7 +194,8 @@ async def test_a_confirmed_group_replay_replays_only_what_its_dry_run_listed(
         assert result.count("not in the dry run") == 2
 
         # A hand-made confirm with no selection (the page's own session and token).
-        browser.execute_script(
+        hand_made = functools.partial(
+            browser.execute_script,
             """const token = document.querySelector('input[name=csrf]').value;
             const form = document.createElement('form');
             form.method = 'post'; form.action = '/replay';
@@ -193,8 +204,9 @@ async def test_a_confirmed_group_replay_replays_only_what_its_dry_run_listed(
               input.type = 'hidden'; input.name = name; input.value = value;
               form.appendChild(input);
             }
-            document.body.appendChild(form); form.submit();"""
+            document.body.appendChild(form); form.submit();""",
         )
+        await follow(browser, hand_made)
         assert "nothing selected" in text_of(browser, "refused")
 
     async with pg_connection(stack.database_url) as conn:
@@ -219,7 +231,7 @@ async def _log_in(browser: WebDriver, base: str) -> None:
     await asyncio.to_thread(browser.get, f"{base}/login")
     browser.find_element(By.ID, "name").send_keys("alice")
     browser.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
-    await asyncio.to_thread(browser.find_element(By.ID, "login").click)
+    await follow(browser, browser.find_element(By.ID, "login").click)
     text_of(browser, "verdict")  # the overview has loaded
 
 
