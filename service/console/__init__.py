@@ -7,7 +7,8 @@ letters by group and page by page, one dead letter whole (its record, the
 hold's audit trail, its replays, who owns it and what was said), and the acts
 (assign, note, close, reopen, replay with a dry run first), each audited.
 
-Modules: ``auth`` (passwords, the trusted header, CSRF), ``pages`` (what the
-pages read), ``app`` (the routes, the session, the security headers), and the
-templates.
+Modules: ``auth`` (passwords, CSRF tokens), ``sessions`` (sessions kept in
+PostgreSQL, throttled and audited logins), ``guard`` (what every request meets
+and every answer carries), ``protocol`` (414 and 431 from the HTTP server),
+``pages`` (what the pages read), ``app`` (the routes), and the templates.
 """

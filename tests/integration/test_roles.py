@@ -541,6 +541,15 @@ CANNOT = {
         "DROP TABLE dead_letters",
         "ALTER TABLE dead_letter_replays DISABLE TRIGGER dead_letter_replays_append_only",
         "CREATE TABLE public.intruder (id int)",
+        "UPDATE console_logins SET outcome = 'ok'",
+        "DELETE FROM console_logins",
+        "TRUNCATE console_logins",
+        "INSERT INTO console_logins (name, known, client_host, device, outcome, at) "
+        "VALUES ('a', true, 'h', false, 'ok', now() - interval '1 day')",
+        "DELETE FROM console_sessions",
+        "UPDATE console_sessions SET operator = 'mallory'",
+        "UPDATE console_sessions SET started_at = now()",
+        "UPDATE console_sessions SET token = token",
     ],
 }
 
@@ -572,6 +581,7 @@ async def test_each_role_is_refused_everything_its_job_does_not_need(
         "TRUNCATE dead_letter_replays",
         "TRUNCATE reservations CASCADE",
         "TRUNCATE dead_letters CASCADE",
+        "TRUNCATE console_logins",
     ],
 )
 async def test_nobody_truncates_the_audit_tables_not_even_their_owner(
@@ -649,6 +659,13 @@ GRANTS = {
     (OPERATOR, "dead_letter_replays", "INSERT"): (
         "dead_letter_id message_id operator outcome detail os_user client_host"
     ),
+    (OPERATOR, "console_sessions", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "console_sessions", "INSERT"): (
+        "token operator credential csrf device client_host"
+    ),
+    (OPERATOR, "console_sessions", "UPDATE"): "last_seen_at ended_at ended_by end_reason",
+    (OPERATOR, "console_logins", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "console_logins", "INSERT"): "name known client_host device outcome detail",
 }
 
 
