@@ -10,5 +10,8 @@ hold's audit trail, its replays, who owns it and what was said), and the acts
 Modules: ``auth`` (passwords, CSRF tokens), ``sessions`` (sessions kept in
 PostgreSQL, throttled and audited logins), ``guard`` (what every request meets
 and every answer carries), ``protocol`` (414 and 431 from the HTTP server),
-``pages`` (what the pages read), ``app`` (the routes), and the templates.
+``web`` (what every page is made with), ``app`` (the application and the pages
+that read), ``acts`` (assign, note, close, reopen, replay), ``login`` (logging
+in and out, the sessions page), ``pages`` (what the pages read), and the
+templates.
 """
