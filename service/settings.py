@@ -45,17 +45,8 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Settings(BaseSettings):
-    """Every knob of the service; see the README's settings table."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_file=ENV_FILE,
-        env_file_encoding="utf-8",
-        extra="ignore",
-        frozen=True,
-        validate_by_name=True,
-    )
+class _Connections(BaseSettings):
+    """Where the servers are: ``DATABASE_URL``, ``AMQP_URL``, the management API."""
 
     database_url: str = Field(
         default="postgresql://postgres@localhost:5432/postgres",
@@ -65,71 +56,6 @@ class Settings(BaseSettings):
         default=("amqp://guest:guest@localhost:5672/",),
         validation_alias=AliasChoices("AMQP_URL"),
     )
-
-    prefetch: PositiveInt = 400
-    batch_size: PositiveInt = 100
-    batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
-    retry_delays: Annotated[tuple[PositiveInt, ...], NoDecode] = (1, 5, 30, 120)
-    # Retries spread over this fraction of each tier's delay (0: none), in that many delay
-    # queues per tier (service/core/topology.py).
-    retry_jitter: float = 0.5
-    retry_jitter_slots: int = 8
-    max_attempts: PositiveInt = 10
-    max_age_seconds: PositiveInt = 3600
-    lease_seconds: PositiveInt = 300
-    scan_batch_size: PositiveInt = 500
-    publish_timeout_seconds: PositiveFloat = 10.0
-    db_pool_size: PositiveInt = 10
-    db_connect_timeout_seconds: PositiveFloat = 5.0
-    lock_timeout_ms: PositiveInt = 2000
-    statement_timeout_ms: PositiveInt = 10000
-    heartbeat_seconds: PositiveInt = 10
-    shutdown_timeout_seconds: PositiveFloat = 30.0
-    worker_id: str = Field(default_factory=_default_worker_id, min_length=1, max_length=200)
-    http_port: int = Field(default=0, ge=0, le=65535)
-    http_host: str = "127.0.0.1"
-    oldest_due_objective_seconds: PositiveFloat = 120.0
-    # How far a worker's clock may be from the database's before the on-call hears
-    # of it (expiry_clock_drift_seconds; deadlines use the database's clock only,
-    # retry budgets the worker's).
-    clock_drift_tolerance_seconds: PositiveFloat = 1.0
-    scan_interval_seconds: PositiveFloat = 5.0
-    # The event loop a command runs on: uvloop where it is installed (the uvloop extra;
-    # the image has it), else asyncio's own.
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["json", "text"] = "json"
-    # The standard OpenTelemetry variables that choose exporters (the SDK reads the rest).
-    otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
-        default=None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER")
-    )
-    otel_metrics_exporter: Literal["otlp", "console", "none", "prometheus"] | None = Field(
-        default=None, validation_alias=AliasChoices("OTEL_METRICS_EXPORTER")
-    )
-    otel_endpoint: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-        ),
-    )
-    otel_sdk_disabled: bool = Field(
-        default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
-    )
-    # Which traces are kept, by the standard's names; unset: parentbased_always_on.
-    otel_traces_sampler: (
-        Literal[
-            "always_on",
-            "always_off",
-            "traceidratio",
-            "parentbased_always_on",
-            "parentbased_always_off",
-            "parentbased_traceidratio",
-        ]
-        | None
-    ) = Field(default=None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"))
-    otel_traces_sampler_arg: float | None = Field(
-        default=None, ge=0, le=1, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG")
-    )
     # The RabbitMQ management API, where the running processes read the queues'
     # arguments to check them (they may not declare) and the demo makes its vhost;
     # default: beside the first node of AMQP_URL, port 15672, with its credentials.
@@ -138,33 +64,6 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("EXPIRY_MANAGEMENT_URL", "RABBITMQ_MANAGEMENT_URL"),
     )
-    # Who may replay dead letters (--operator must be one of them); empty: nobody.
-    replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
-    # Who owns a dead letter when it is recorded: PATTERN=OWNER pairs matched in order
-    # against its error class (service/core/default_owners.py); empty: nobody.
-    dead_letter_owners: Annotated[tuple[OwnerRule, ...], NoDecode] = ()
-    # How long a dead letter may stay open (expiry_dead_letter_age_objective_seconds).
-    dead_letter_age_objective_seconds: PositiveFloat = 86400.0
-    # The operator console (python -m service.console): where it listens (localhost
-    # unless told otherwise), who may log in (name:scrypt-hash pairs, made with
-    # `python -m service.console hash-password`), or the header a trusted reverse
-    # proxy sets to the authenticated operator's name, and the key that signs the login
-    # form's CSRF cookie (random per process when unset: a login form opened before a
-    # restart must be reloaded). Sessions live in PostgreSQL and end after
-    # CONSOLE_SESSION_IDLE_SECONDS without a request or CONSOLE_SESSION_MAX_SECONDS after
-    # the login, whichever comes first. CONSOLE_LOGIN_ATTEMPTS failed logins for one name
-    # from one address lock it for CONSOLE_LOGIN_LOCK_SECONDS (service/core/login_throttle.py).
-    console_host: str = "127.0.0.1"
-    console_port: int = Field(default=8090, ge=1, le=65535)
-    console_users: Annotated[tuple[str, ...], NoDecode] = ()
-    console_trusted_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
-    console_secret: SecretStr | None = Field(default=None, min_length=32)
-    console_session_idle_seconds: int = Field(default=1800, ge=60, le=30 * 86400)
-    console_session_max_seconds: int = Field(default=8 * 3600, ge=60, le=30 * 86400)
-    console_login_attempts: int = Field(default=10, ge=3, le=1000)
-    console_login_lock_seconds: int = Field(default=900, ge=1, le=86400)
-    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
-    failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
     @field_validator("database_url", mode="before")
     @classmethod
@@ -206,6 +105,149 @@ class Settings(BaseSettings):
             return value.strip()
         return value
 
+
+class _Pipeline(BaseSettings):
+    """How the scan and the consumers work: batches, retries, leases, timeouts, logs."""
+
+    prefetch: PositiveInt = 400
+    batch_size: PositiveInt = 100
+    batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
+    retry_delays: Annotated[tuple[PositiveInt, ...], NoDecode] = (1, 5, 30, 120)
+    # Retries spread over this fraction of each tier's delay (0: none), in that many delay
+    # queues per tier (service/core/topology.py).
+    retry_jitter: float = 0.5
+    retry_jitter_slots: int = 8
+    max_attempts: PositiveInt = 10
+    max_age_seconds: PositiveInt = 3600
+    lease_seconds: PositiveInt = 300
+    scan_batch_size: PositiveInt = 500
+    publish_timeout_seconds: PositiveFloat = 10.0
+    db_pool_size: PositiveInt = 10
+    db_connect_timeout_seconds: PositiveFloat = 5.0
+    lock_timeout_ms: PositiveInt = 2000
+    statement_timeout_ms: PositiveInt = 10000
+    heartbeat_seconds: PositiveInt = 10
+    shutdown_timeout_seconds: PositiveFloat = 30.0
+    worker_id: str = Field(default_factory=_default_worker_id, min_length=1, max_length=200)
+    http_port: int = Field(default=0, ge=0, le=65535)
+    http_host: str = "127.0.0.1"
+    oldest_due_objective_seconds: PositiveFloat = 120.0
+    # How far a worker's clock may be from the database's before the on-call hears
+    # of it (expiry_clock_drift_seconds; deadlines use the database's clock only,
+    # retry budgets the worker's).
+    clock_drift_tolerance_seconds: PositiveFloat = 1.0
+    scan_interval_seconds: PositiveFloat = 5.0
+    # The event loop a command runs on: uvloop where it is installed (the uvloop extra;
+    # the image has it), else asyncio's own.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("event_loop")
+    @classmethod
+    def _check_event_loop(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed (pip install 'expiry-service[uvloop]')")
+        return value
+
+    @field_validator("retry_delays", mode="before")
+    @classmethod
+    def _split_delays(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("retry_delays")
+    @classmethod
+    def _check_delays(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("must list at least one delay in seconds")
+        if list(value) != sorted(set(value)):
+            raise ValueError("must be strictly increasing, e.g. 1,5,30,120")
+        return value
+
+    @field_validator("retry_jitter")
+    @classmethod
+    def _check_jitter(cls, value: float) -> float:
+        if not 0 <= value < 1:  # NaN fails too
+            raise ValueError("must be a fraction >= 0 and < 1, e.g. 0.5 (0: no jitter)")
+        return value
+
+    @field_validator("retry_jitter_slots")
+    @classmethod
+    def _check_jitter_slots(cls, value: int) -> int:
+        if not MIN_JITTER_SLOTS <= value <= MAX_JITTER_SLOTS:
+            raise ValueError(
+                f"must be a whole number from {MIN_JITTER_SLOTS} to {MAX_JITTER_SLOTS}, e.g. 8"
+            )
+        return value
+
+
+class _Telemetry(BaseSettings):
+    """The standard OpenTelemetry variables this service reads itself."""
+
+    # The standard OpenTelemetry variables that choose exporters (the SDK reads the rest).
+    otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
+        default=None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER")
+    )
+    otel_metrics_exporter: Literal["otlp", "console", "none", "prometheus"] | None = Field(
+        default=None, validation_alias=AliasChoices("OTEL_METRICS_EXPORTER")
+    )
+    otel_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        ),
+    )
+    otel_sdk_disabled: bool = Field(
+        default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
+    )
+    # Which traces are kept, by the standard's names; unset: parentbased_always_on.
+    otel_traces_sampler: (
+        Literal[
+            "always_on",
+            "always_off",
+            "traceidratio",
+            "parentbased_always_on",
+            "parentbased_always_off",
+            "parentbased_traceidratio",
+        ]
+        | None
+    ) = Field(default=None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"))
+    otel_traces_sampler_arg: float | None = Field(
+        default=None, ge=0, le=1, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG")
+    )
+
+
+class _Operators(BaseSettings):
+    """Who may act on dead letters, who owns them, and the operator console."""
+
+    # Who may replay dead letters (--operator must be one of them); empty: nobody.
+    replay_operators: Annotated[tuple[str, ...], NoDecode] = ()
+    # Who owns a dead letter when it is recorded: PATTERN=OWNER pairs matched in order
+    # against its error class (service/core/default_owners.py); empty: nobody.
+    dead_letter_owners: Annotated[tuple[OwnerRule, ...], NoDecode] = ()
+    # How long a dead letter may stay open (expiry_dead_letter_age_objective_seconds).
+    dead_letter_age_objective_seconds: PositiveFloat = 86400.0
+    # The operator console (python -m service.console): where it listens (localhost
+    # unless told otherwise), who may log in (name:scrypt-hash pairs, made with
+    # `python -m service.console hash-password`), or the header a trusted reverse
+    # proxy sets to the authenticated operator's name, and the key that signs the login
+    # form's CSRF cookie (random per process when unset: a login form opened before a
+    # restart must be reloaded). Sessions live in PostgreSQL and end after
+    # CONSOLE_SESSION_IDLE_SECONDS without a request or CONSOLE_SESSION_MAX_SECONDS after
+    # the login, whichever comes first. CONSOLE_LOGIN_ATTEMPTS failed logins for one name
+    # from one address lock it for CONSOLE_LOGIN_LOCK_SECONDS (service/core/login_throttle.py).
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8090, ge=1, le=65535)
+    console_users: Annotated[tuple[str, ...], NoDecode] = ()
+    console_trusted_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    console_secret: SecretStr | None = Field(default=None, min_length=32)
+    console_session_idle_seconds: int = Field(default=1800, ge=60, le=30 * 86400)
+    console_session_max_seconds: int = Field(default=8 * 3600, ge=60, le=30 * 86400)
+    console_login_attempts: int = Field(default=10, ge=3, le=1000)
+    console_login_lock_seconds: int = Field(default=900, ge=1, le=86400)
+
     @field_validator("replay_operators", mode="before")
     @classmethod
     def _split_operators(cls, value: object) -> object:
@@ -246,44 +288,22 @@ class Settings(BaseSettings):
                 raise ValueError(f"each name must be printable and at most {OPERATOR_LIMIT} long")
         return value
 
-    @field_validator("event_loop")
-    @classmethod
-    def _check_event_loop(cls, value: str) -> str:
-        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
-            raise ValueError("uvloop is not installed (pip install 'expiry-service[uvloop]')")
-        return value
 
-    @field_validator("retry_delays", mode="before")
-    @classmethod
-    def _split_delays(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+class Settings(_Operators, _Telemetry, _Pipeline, _Connections):
+    """Every knob of the service (docs/reference.md has the table), by concern in the four
+    classes above; one model, read from the environment once."""
 
-    @field_validator("retry_delays")
-    @classmethod
-    def _check_delays(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value:
-            raise ValueError("must list at least one delay in seconds")
-        if list(value) != sorted(set(value)):
-            raise ValueError("must be strictly increasing, e.g. 1,5,30,120")
-        return value
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=ENV_FILE,
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        validate_by_name=True,
+    )
 
-    @field_validator("retry_jitter")
-    @classmethod
-    def _check_jitter(cls, value: float) -> float:
-        if not 0 <= value < 1:  # NaN fails too
-            raise ValueError("must be a fraction >= 0 and < 1, e.g. 0.5 (0: no jitter)")
-        return value
-
-    @field_validator("retry_jitter_slots")
-    @classmethod
-    def _check_jitter_slots(cls, value: int) -> int:
-        if not MIN_JITTER_SLOTS <= value <= MAX_JITTER_SLOTS:
-            raise ValueError(
-                f"must be a whole number from {MIN_JITTER_SLOTS} to {MAX_JITTER_SLOTS}, e.g. 8"
-            )
-        return value
+    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
+    failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
 
 
 def _check_amqp_url(value: str) -> str:
