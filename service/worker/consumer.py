@@ -141,7 +141,7 @@ class Consumer:
     def _ack(self, delivery: Delivery, expiry: Expiry) -> None:
         """Committed: ack it (with its neighbours), then report it once."""
         self.failpoints.after_commit()
-        delivery.settling = delivery.acking = True
+        delivery.acking()
         self.acks.ack_soon(delivery.message, functools.partial(self._acked, delivery, expiry))
 
     def _acked(self, delivery: Delivery, expiry: Expiry, exc: BaseException | None) -> None:
@@ -165,10 +165,10 @@ class Consumer:
             raise
         except Exception as exc:
             self.reporter.unhandled(delivery, exc)
-            if not delivery.settling:
+            if not delivery.settled:
                 await self.failures.reject_for_good(delivery, type(exc).__name__)
         finally:
-            if not delivery.acking:  # an ack under way ends it when it is sent
+            if not delivery.ack_under_way:  # the ack, once sent, ends it
                 self._end(delivery)
 
     async def _failing_over(self, delivery: Delivery, work: Coroutine[Any, Any, None]) -> None:
@@ -177,7 +177,7 @@ class Consumer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if delivery.settling:
+            if delivery.settled:
                 raise
             await self.failures.handle(delivery, exc)
 

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import contextvars
+import enum
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from uuid import UUID
 
 from opentelemetry import context as otel_context
@@ -98,6 +99,23 @@ def arrival_attributes(message: Incoming, attempt: Attempt) -> dict[str, str | i
     return attributes
 
 
+class Stage(enum.Enum):
+    """Where a delivery's handling is; ``NEXT`` says where each may go."""
+
+    HANDLING = "handling"  # arrived; nothing sent to the broker for it yet
+    SETTLING = "settling"  # an ack, nack or reject was sent (or tried): never another
+    ACKING = "acking"  # committed, its ack under way: it ends once that is sent
+    ENDED = "ended"  # out of the prefetch window's count (settled, or given back at a stop)
+
+
+NEXT = {
+    Stage.HANDLING: {Stage.SETTLING, Stage.ACKING, Stage.ENDED},
+    Stage.SETTLING: {Stage.SETTLING, Stage.ENDED},  # a retry's copy, then its own reject
+    Stage.ACKING: {Stage.ENDED},
+    Stage.ENDED: set(),
+}
+
+
 @dataclass(eq=False)
 class Delivery:
     """One delivery being handled.
@@ -116,9 +134,7 @@ class Delivery:
     trace_context: otel_context.Context | None = None  # tracing on: its span's context
     context: contextvars.Context | None = None  # traced: what its own task runs in
     reservation: UUID | None = None  # once its body parsed
-    settling: bool = False  # an ack, nack or reject was sent (or tried): never another
-    acking: bool = False  # committed, its ack under way: it ends once that is sent
-    ended: bool = field(default=False, repr=False)
+    stage: Stage = Stage.HANDLING
 
     @classmethod
     def of(cls, message: Incoming, tracer: trace.Tracer | None) -> Delivery:
@@ -150,11 +166,34 @@ class Delivery:
         """Seconds since it arrived."""
         return time.monotonic() - self.started
 
+    @property
+    def settled(self) -> bool:
+        """An ack, nack or reject was sent or tried (or it ended): never another."""
+        return self.stage is not Stage.HANDLING
+
+    @property
+    def ack_under_way(self) -> bool:
+        """Committed and its ack under way: the ack's callback ends it."""
+        return self.stage is Stage.ACKING
+
+    def settling(self) -> None:
+        """An ack, nack or reject is about to be sent."""
+        self._move(Stage.SETTLING)
+
+    def acking(self) -> None:
+        """Committed: its ack is about to be sent, and ends it once sent."""
+        self._move(Stage.ACKING)
+
     def end(self) -> bool:
         """Mark its handling ended (once): True the first time."""
-        if self.ended:
+        if self.stage is Stage.ENDED:
             return False
-        self.ended = True
+        self._move(Stage.ENDED)
         if self.span.is_recording():
             self.span.end()
         return True
+
+    def _move(self, to: Stage) -> None:
+        if to not in NEXT[self.stage]:
+            raise RuntimeError(f"a delivery does not go from {self.stage.name} to {to.name}")
+        self.stage = to

@@ -131,7 +131,7 @@ class Failures:
 
     async def _settle(self, delivery: Delivery, action: amqp.SettleAction) -> bool:
         """Ack or reject the delivery itself (never twice); tell the acks it is settled."""
-        delivery.settling = True
+        delivery.settling()
         settled = await amqp.settle(action, delivery.attempt.message_id)
         self.acks.settled(delivery.message)
         return settled

@@ -6,8 +6,9 @@ At ``INFO`` the log carries what an operator acts on: every retry, dead letter, 
 copy and bug, each as it happens, and every ``SUMMARY_SECONDS`` one ``expiry.summary``
 line with the counts of what the consumer did since the last one. One
 ``expiry.outcome`` line per handled delivery is ``DEBUG``: at a few thousand expiries
-a second it would cost a third of the consumer's time, and the database's audit
-trail (``reservation_transitions``) already records every transition.
+a second it would be a large share of the consumer's time (figures:
+docs/benchmark.md#one-outcome-line-per-delivery), and the database's audit trail
+(``reservation_transitions``) already records every transition.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class Reporter:
             extra={
                 "reservation_id": delivery.reservation_id,
                 "message_id": delivery.attempt.message_id,
-                "settled": delivery.settling,
+                "settled": delivery.settled,
             },
             exc_info=exc,
         )

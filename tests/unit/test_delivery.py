@@ -12,7 +12,7 @@ from aiormq.exceptions import ChannelInvalidStateError
 from service.adapters.amqp.connection import settle
 from service.core.dead_letter import build_record
 from service.core.errors import PoisonMessage
-from service.worker.delivery import read_attempt, short_reason
+from service.worker.delivery import NEXT, Delivery, Stage, read_attempt, short_reason
 
 
 class FakeMessage:
@@ -86,3 +86,40 @@ async def test_settle_reports_success() -> None:
 
     assert await settle(ack, "m-1") is True
     assert calls == ["ack"]
+
+
+def _delivery() -> Delivery:
+    message = FakeMessage(None)
+    return Delivery(message, read_attempt(message, now_ms=5000), started=0.0)  # type: ignore[arg-type]
+
+
+def test_a_delivery_moves_only_forward_and_ends_once() -> None:
+    """Handling, then settling (again, for a retry's copy and its reject) or acking, then
+    ended once; nothing after the end, and no settling once an ack is under way."""
+    retried = _delivery()
+    assert (retried.stage, retried.settled) == (Stage.HANDLING, False)
+    retried.settling()
+    retried.settling()
+    assert (retried.settled, retried.ack_under_way) == (True, False)
+    assert retried.end() is True
+    assert retried.end() is False
+    assert retried.settled
+    with pytest.raises(RuntimeError, match="from ENDED to SETTLING"):
+        retried.settling()
+
+    acked = _delivery()
+    acked.acking()
+    assert (acked.settled, acked.ack_under_way) == (True, True)
+    with pytest.raises(RuntimeError, match="from ACKING to SETTLING"):
+        acked.settling()
+    assert acked.end() is True
+    assert (acked.stage, acked.ack_under_way) == (Stage.ENDED, False)
+
+    stopped = _delivery()  # ended unsettled: given back to the broker at a stop
+    assert stopped.end() is True
+    assert stopped.stage is Stage.ENDED
+
+
+def test_every_stage_has_its_next_stages() -> None:
+    assert set(NEXT) == set(Stage)
+    assert NEXT[Stage.ENDED] == set()
