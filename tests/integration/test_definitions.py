@@ -140,7 +140,7 @@ def test_no_shipped_policy_disagrees_with_a_queue_argument() -> None:
 
 
 def test_shipped_password_hashes_are_of_the_documented_throwaway_passwords() -> None:
-    """Each user's hash is RabbitMQ's salted SHA-256 of the password the README names."""
+    """Each user's hash is RabbitMQ's salted SHA-256 of the password docs/deployment.md names."""
     users = load_definitions()["users"]
     assert sorted(u["name"] for u in users) == sorted([*SERVICE_USERS, ADMIN_USER])
     for user in users:
