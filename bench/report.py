@@ -153,7 +153,7 @@ def check_table(checks: list[Check]) -> list[str]:
 
 
 def markdown_table(results: Results) -> list[str]:
-    """The figures as a Markdown table (for the README's Benchmark section)."""
+    """The figures as a Markdown table (for docs/benchmark.md)."""
     lines = ["| figure | unit | min | median | max |", "|---|---|---:|---:|---:|"]
     for fig in results.figures.values():
         low, mid, high = (fig.format(value) for value in fig.stats())

@@ -3,7 +3,7 @@
 -- compose.yaml mounts this file into /docker-entrypoint-initdb.d, so the
 -- official image runs it once, at the first boot of an empty data volume, with
 -- psql as its superuser (POSTGRES_USER). On a server of your own, run it once
--- as a superuser (README, "Database roles"):
+-- as a superuser (docs/reference.md, "Database roles"):
 --
 --   psql -v ON_ERROR_STOP=1 -U postgres -d postgres -f postgres/init.sql
 --

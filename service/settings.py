@@ -1,7 +1,7 @@
 """Settings: the only reader of the environment.
 
 ``DATABASE_URL`` and ``AMQP_URL`` keep their contract names; everything else
-has the ``EXPIRY_`` prefix and a documented default (see README).
+has the ``EXPIRY_`` prefix and a documented default (docs/reference.md has the table).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The service's metrics (OpenTelemetry instruments; Prometheus names in the README).
+"""The service's metrics (OpenTelemetry instruments; Prometheus names in docs/operations.md).
 
 ``Metrics`` is the consumer's (outcomes, retries, dead letters, latencies),
 ``ScanMetrics`` the scanner's (passes, publishes, lapsed leases), and

@@ -25,6 +25,8 @@ from tests.support import (
     wait_for_consumers,
 )
 
+pytestmark = pytest.mark.acceptance
+
 COMMANDS = ["service.migrate", "service.produce", "service.consume"]
 
 

@@ -1,7 +1,7 @@
 -- Least privilege. Each command connects as a role of its own that holds only
 -- what its statements (service/db.py) need; whoever runs the migrations owns
 -- every table, so no runtime role can drop, alter or truncate one, or disable
--- a trigger. README, "Database roles", has the matrix and the URLs.
+-- a trigger. docs/reference.md, "Database roles", has the matrix and the URLs.
 --
 -- A later migration that adds a table, or a column the service writes where
 -- the grant below is column-level, grants it too: tests/integration/
@@ -32,7 +32,7 @@ BEGIN
             WHEN duplicate_object OR unique_violation THEN
                 NULL;  -- another migration created it first: it exists, which is all we need
             WHEN insufficient_privilege THEN
-                RAISE EXCEPTION 'migration 0005_roles: role % does not exist and % may not create roles; create expiry_consumer, expiry_scan and expiry_operator first (postgres/init.sql, README "Database roles")', runtime_role, current_user
+                RAISE EXCEPTION 'migration 0005_roles: role % does not exist and % may not create roles; create expiry_consumer, expiry_scan and expiry_operator first (postgres/init.sql, docs/reference.md "Database roles")', runtime_role, current_user
                     USING ERRCODE = 'insufficient_privilege';
         END;
     END LOOP;
