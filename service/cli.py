@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from service.adapters.amqp import internals
 from service.adapters.classify import schema_missing
 from service.adapters.telemetry import setup_logging
 from service.core.errors import ConfigError, UsageError
@@ -84,7 +85,8 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
-    """Parse arguments, load settings, run ``command`` and exit with its code."""
+    """Parse arguments, load settings, install the library patches
+    (``service/adapters/amqp/internals.py``), run ``command`` and exit with its code."""
     parser.prog = invoked_as(parser.prog)
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args()
@@ -94,6 +96,7 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
         print(f"{parser.prog}: configuration error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     setup_logging(settings.log_level, settings.log_format)
+    internals.install()  # the library patches the installed releases allow
     try:
         with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
             code: int = runner.run(command(settings, args))

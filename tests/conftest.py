@@ -5,6 +5,10 @@ as the demo and the benchmark use): the database is a copy of a migrated
 template. ``stack``'s vhost holds the service's topology, declared as the
 deploy does (``service.declare``), since the running processes only check it;
 ``bare_stack``'s vhost is empty.
+
+Every test runs with the library patches a command gets at its start from
+``service.cli.run_command`` (``service/adapters/amqp/internals.py``: the total
+decoders), since many run the service's parts in-process.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from service.adapters import sandbox
+from service.adapters.amqp import internals
 from service.adapters.postgres.schema import migrate
 from service.declare import declare
 from tests.support import (
@@ -32,6 +37,12 @@ from tests.support import (
 )
 
 _counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _library_patches() -> None:
+    """What ``run_command`` installs before a command runs (the total decoders)."""
+    internals.install()
 # Settings read without the EXPIRY_ prefix that a test run's shell sets for the fixtures.
 _SHELL_ONLY = ("RABBITMQ_MANAGEMENT_URL",)
 

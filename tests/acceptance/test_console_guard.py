@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from service.adapters.postgres import console as console_store
 from service.console import protocol
 from service.console.app import create_app
 from service.console.auth import hash_password
@@ -373,3 +374,29 @@ async def test_an_unexpected_error_is_a_plain_500_with_the_headers(stack: Stack)
     assert "secret internals" not in answer.text
     assert "RuntimeError" not in answer.text
     assert "the console could not answer: the log says why" in answer.text
+
+
+async def test_a_flood_of_refused_logins_does_not_hide_the_failures(stack: Stack) -> None:
+    """10,000 refused attempts (free for an attacker) after nine failures: the throttle
+    still weighs the nine, and reads them through its indexes."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "INSERT INTO console_logins (name, known, client_host, device, outcome)"
+            " SELECT 'alice', true, '10.0.0.1', false, 'failed' FROM generate_series(1, 9)"
+        )
+        await conn.execute(
+            "INSERT INTO console_logins (name, known, client_host, device, outcome)"
+            " SELECT 'alice', true, '10.0.0.1', false, 'refused'"
+            " FROM generate_series(1, 10000)"
+        )
+        await conn.execute("ANALYZE console_logins")
+        _now, weighed = await console_store.recent_logins(conn, "alice", "10.0.0.1", 900)
+        plan = "\n".join(
+            row[0]
+            for row in await conn.fetch(
+                "EXPLAIN " + console_store.RECENT_LOGINS, "alice", "10.0.0.1", 900.0
+            )
+        )
+    assert [attempt.outcome for attempt in weighed] == ["failed"] * 9
+    assert "console_logins_checked_by" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -1,16 +1,22 @@
-"""A page's frames, built as bytes: exactly what pamqp marshals, and what it reads back."""
+"""A page's frames, built as bytes: exactly what pamqp marshals, and what it reads back;
+and which channels take pages at all (aiormq's confirm channel, on a checked release)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
+import aiormq
 import pytest
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from service.adapters.amqp import internals
 from service.adapters.amqp.pages import (
     Command,
     body_frame,
@@ -93,11 +99,89 @@ def test_the_frames_read_back_as_the_command(headers: dict[str, str] | None) -> 
     assert body.value == cmd.body
 
 
-def test_only_a_confirm_channel_with_what_basic_publish_uses_takes_pages() -> None:
-    """Anything else (another aiormq, a channel without confirms) publishes one by one."""
+def unopened_connection() -> aiormq.Connection:
+    """An aiormq connection never opened, told what a broker's tune and capabilities
+    would tell it."""
+    connection = aiormq.Connection("amqp://guest:guest@127.0.0.1:9/")
+    connection.connection_tune = spec.Connection.Tune(frame_max=131072)
+    connection.server_properties = {"capabilities": {"publisher_confirms": True}}
+    return connection
 
-    class Bare:
-        pass
 
-    assert not supports_pages(Bare())
+@pytest.fixture
+async def confirm_channel() -> AsyncIterator[aiormq.Channel]:
+    """aiormq's own channel class with confirms, made without a broker."""
+    connection = unopened_connection()
+    try:
+        yield aiormq.Channel(connection, 1, publisher_confirms=True)
+    finally:
+        await connection.close()  # ends the channel's reader task
+
+
+async def test_a_confirm_channel_of_a_checked_aiormq_takes_pages(
+    confirm_channel: aiormq.Channel,
+) -> None:
+    """With the aiormq installed here (a checked release), aiormq's confirm channel takes
+    pages: the path the scan takes."""
+    assert internals.AIORMQ.admits(internals.installed("aiormq"))
+    assert supports_pages(confirm_channel)
+
+
+@pytest.mark.parametrize("release", ["7.2.3", "7.3.0", "8.0.0", "7.2.5rc1", "7.2.4+local", None])
+async def test_an_aiormq_outside_the_checked_releases_publishes_one_by_one(
+    confirm_channel: aiormq.Channel, monkeypatch: pytest.MonkeyPatch, release: str | None
+) -> None:
+    """Another aiormq release (or none found) takes no pages, whatever its channel has."""
+    monkeypatch.setattr(internals, "installed", lambda _name: release)
+    assert not supports_pages(confirm_channel)
+
+
+async def test_a_later_patch_release_within_the_range_takes_pages(
+    confirm_channel: aiormq.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A patch release within the declared range is the range's (CI checks the newest)."""
+    monkeypatch.setattr(internals, "installed", lambda _name: "7.2.99")
+    assert supports_pages(confirm_channel)
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        "publisher_confirms",
+        "delivery_tag",
+        "confirmations",
+        "message_id_delivery_tag",
+        "write_queue",
+        "max_content_size",
+        "number",
+    ],
+)
+async def test_a_channel_missing_what_basic_publish_uses_publishes_one_by_one(
+    confirm_channel: aiormq.Channel, attribute: str
+) -> None:
+    """A channel of a checked release without one of the attributes a page uses (renamed
+    in some build) takes no pages."""
+    delattr(confirm_channel, attribute)
+    assert not supports_pages(confirm_channel)
+
+
+async def test_anything_but_aiormqs_confirm_channel_publishes_one_by_one() -> None:
+    """A channel without confirms, a look-alike of another class, anything else: no pages."""
+    connection = unopened_connection()
+    try:
+        assert not supports_pages(aiormq.Channel(connection, 1, publisher_confirms=False))
+    finally:
+        await connection.close()
+
+    look_alike = SimpleNamespace(
+        publisher_confirms=True,
+        delivery_tag=0,
+        confirmations={},
+        message_id_delivery_tag={},
+        write_queue=asyncio.Queue[object](),
+        max_content_size=131064,
+        number=1,
+        lock=asyncio.Lock(),
+    )
+    assert not supports_pages(look_alike)
     assert not supports_pages(object())

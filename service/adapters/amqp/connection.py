@@ -18,16 +18,11 @@ from aio_pika.abc import (
 )
 from yarl import URL
 
-from service.adapters.amqp import wire
 from service.core.errors import PublishNotConfirmed
 from service.core.redaction import redact
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-
-# Every process that talks to the broker imports this module: from here on no
-# frame a publisher can send closes its connection (see service/adapters/amqp/wire.py).
-wire.install()
 
 
 def connection_url(url: str, *, heartbeat: int, name: str) -> URL:
@@ -45,9 +40,11 @@ class ClusterConnection(aio_pika.RobustConnection):
     """A robust connection that moves to the next node when its node goes away.
 
     aio-pika reconnects to the URL it was given; with several nodes in
-    ``AMQP_URL`` this one turns to the next node when the connection is lost,
-    and keeps turning while reconnect attempts fail. Channels, queues and
-    consumers are then restored on the new node as usual.
+    ``AMQP_URL`` this one turns to the next node when the connection is lost
+    (a close callback, which aio-pika runs before it reconnects), and keeps
+    turning while reconnect attempts fail. Channels, queues and consumers are
+    then restored on the new node as usual. It relies on aio-pika reading
+    ``url`` at each reconnect (``internals.py`` lists it).
     """
 
     nodes: tuple[URL, ...] = ()
@@ -58,6 +55,7 @@ class ClusterConnection(aio_pika.RobustConnection):
         """Remember the cluster's nodes and which one this connection uses."""
         self.nodes, self.node_index = nodes, current
         if len(nodes) > 1 and self._watchdog is None:
+            self.close_callbacks.add(self._next_node_on_loss)
             self._watchdog = asyncio.create_task(self._rotate_while_down())
 
     def _rotate(self) -> None:
@@ -65,10 +63,10 @@ class ClusterConnection(aio_pika.RobustConnection):
         self.url = self.nodes[self.node_index]
         log.warning("broker.next_node", extra={"url": redact(str(self.url))})
 
-    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
-        if len(self.nodes) > 1 and not self._close_called:
+    def _next_node_on_loss(self, _sender: object, _exc: BaseException | None) -> None:
+        """A close callback: a connection lost (not closed by us) reconnects to the next node."""
+        if not self.close_called:
             self._rotate()
-        await super()._on_connection_close(closing)
 
     async def _rotate_while_down(self) -> None:
         # A failed attempt retries the same URL: move on while we stay down.

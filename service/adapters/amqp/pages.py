@@ -11,9 +11,11 @@ return or nack, which aiormq's reader resolves as it does for its ``basic_publis
 
 It uses what aiormq's own ``basic_publish`` uses of a channel (its lock, its
 delivery-tag counter, its confirmations, the connection's write queue), which aiormq
-does not document: ``supports_pages`` checks that they are there, and where they are
-not (another aiormq) ``publish_page`` publishes one by one through ``basic_publish``.
-Either way the outcome is the same: per command, confirmed or the reason it was not.
+does not document (``internals.py`` lists each). ``supports_pages`` allows a page only
+on the aiormq releases it was checked on, on aiormq's own channel class, with those
+attributes there; anywhere else the page is published one by one through
+``basic_publish``. Either way the outcome is the same: per command, confirmed or the
+reason it was not.
 
 With tracing on, each command gets its producer span (``expirations publish``), ended
 at its confirm, and carries its context in its headers (the header frame is then
@@ -26,7 +28,7 @@ import asyncio
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import aiormq
 import aiormq.abc
@@ -38,6 +40,7 @@ from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 from pamqp.header import ContentHeader
 
+from service.adapters.amqp import internals
 from service.adapters.amqp.connection import CHANNEL_ERRORS, not_confirmed_reason
 from service.adapters.amqp.messages import APP_ID, COMMAND_TYPE, CONTENT_TYPE
 
@@ -126,10 +129,14 @@ def command_frames(
     return method + header + body_frame(channel_number, command.body)
 
 
-def supports_pages(channel: object) -> bool:
-    """Whether ``channel`` has what ``basic_publish`` uses (aiormq 7's confirm channel)."""
+def supports_pages(channel: object) -> TypeGuard[aiormq.Channel]:
+    """Whether a page may be written on ``channel``: the installed aiormq is one this was
+    checked on (``internals.AIORMQ``), and ``channel`` is its confirm channel with what
+    ``basic_publish`` uses."""
     return (
-        getattr(channel, "publisher_confirms", False) is True
+        internals.pages_allowed()
+        and isinstance(channel, aiormq.Channel)
+        and getattr(channel, "publisher_confirms", False) is True
         and isinstance(getattr(channel, "delivery_tag", None), int)
         and isinstance(getattr(channel, "confirmations", None), dict)
         and isinstance(getattr(channel, "message_id_delivery_tag", None), dict)
@@ -193,11 +200,9 @@ async def _publish(
 ) -> list[asyncio.Future[Any]]:
     """Each command's confirmation, its frames written with the page's (or, where the
     channel does not allow that, published one by one)."""
-    fits = supports_pages(channel) and all(
-        len(command.body) < channel.max_content_size  # type: ignore[attr-defined]
-        for command in commands
-    )
-    if fits:
+    if supports_pages(channel) and all(
+        len(command.body) < channel.max_content_size for command in commands
+    ):
         return await _write_page(channel, exchange, routing_key, commands, headers)
     return [
         asyncio.ensure_future(
@@ -214,7 +219,7 @@ async def _publish(
 
 
 async def _write_page(
-    channel: Any,
+    channel: aiormq.Channel,
     exchange: str,
     routing_key: str,
     commands: Sequence[Command],

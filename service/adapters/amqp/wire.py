@@ -12,6 +12,11 @@ again at each redelivery, returning everything they held each time.
 decoded with replacement characters, and a timestamp beyond what ``datetime``
 holds becomes ``datetime.max`` (UTC). Every other frame decodes exactly as
 before; the decoders are pamqp's own, tried first. Idempotent.
+
+It replaces module attributes of ``pamqp.decode`` for the whole process, so it
+is called once, at a command's start, by ``internals.install()`` (from
+``service.cli.run_command``), and only on the pamqp releases it was checked on;
+importing this module changes nothing.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ def field_table(value: bytes) -> tuple[int, common.FieldTable]:
 
 
 def install() -> None:
-    """Use the total decoders for every frame this process reads."""
+    """Use the total decoders for every frame this process reads (``internals.install()``
+    decides whether the installed pamqp allows it)."""
     decode.short_str = short_str
     decode.timestamp = timestamp
     decode.field_table = field_table

@@ -56,13 +56,16 @@ RECORD_LOGIN = """
 INSERT INTO console_logins (name, known, client_host, device, outcome, detail)
 VALUES ($1, $2, $3, $4, $5, $6)
 """
-# What the throttle weighs: the attempts on this name or from this address in its window
-# (newest first, bounded), and the database's clock.
+# What the throttle weighs: the checked attempts (failed or ok) on this name or from this
+# address in its window (newest first, bounded), and the database's clock. Refused ones
+# never count, and are left out here so that a flood of them, which costs an attacker
+# nothing, cannot push the failures out of the bound.
 RECENT_LOGINS = """
 SELECT name, client_host, device, outcome, extract(epoch FROM at)::float8 AS at,
        extract(epoch FROM now())::float8 AS now
   FROM console_logins
  WHERE at > now() - make_interval(secs => $3) AND (name = $1 OR client_host = $2)
+   AND outcome <> 'refused'
  ORDER BY at DESC
  LIMIT 5000
 """
@@ -154,8 +157,8 @@ async def record_login(
 async def recent_logins(
     conn: Connection, name: str, client: str, seconds: float
 ) -> tuple[float, list[Attempt]]:
-    """The database's time now, and the attempts on ``name`` or from ``client`` within
-    ``seconds`` (newest first, at most 5,000)."""
+    """The database's time now, and the checked attempts on ``name`` or from ``client``
+    within ``seconds`` (newest first, at most 5,000; refused ones are not weighed)."""
     rows = await conn.fetch(RECENT_LOGINS, name, client, seconds)
     now = rows[0]["now"] if rows else await conn.fetchval(LOGIN_NOW)
     logins = [
