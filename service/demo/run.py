@@ -20,10 +20,10 @@ from service.core.redaction import redact_url
 from service.declare import declare
 from service.demo.children import STOP_TIMEOUT_SECONDS, Child, Children, tail
 from service.demo.plan import Plan, plan_from
-from service.demo.sandbox import amqp_url, database_url, own_settings, sandbox_for
 from service.demo.summary import Report, delivery_outcomes, final_state, summary
 from service.demo.support import Support, place_holds, support_side
 from service.demo.watch import Queues, watch
+from service.demo.workspace import amqp_url, database_url, own_settings, sandbox_for
 from service.settings import Settings
 
 NAME = "expiry-demo"

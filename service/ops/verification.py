@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.adapters import postgres
+from service.adapters.postgres.audit_trail import AwaitingScan, awaiting_scan
 from service.adapters.postgres.leases import ScanPass, last_passes
-from service.adapters.postgres.verification import AwaitingScan, awaiting_scan
 from service.core.durations import human
 
 EXIT_PROVEN = 0

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from service.adapters.postgres.audit_trail import AwaitingScan
 from service.adapters.postgres.leases import ScanPass
-from service.adapters.postgres.verification import AwaitingScan
 from service.core.errors import UsageError
 from service.ops import dead_letters, replay
 from service.ops.status import describe

@@ -4,13 +4,21 @@ No other module builds SQL. ``postgres.<function>`` works for every one of them,
 the demo's own (``postgres.demo``: the other systems' side, and what a run checks).
 """
 
+from service.adapters.postgres.audit_trail import (
+    VERIFY_CHECKS,
+    VERIFY_SESSION,
+    VERIFY_TOTALS,
+    prepare_verification,
+    verify_check,
+    verify_totals,
+)
 from service.adapters.postgres.crashes import (
     CLEAR_HANDLING,
     MARK_HANDLING,
     clear_handling,
     mark_handling,
 )
-from service.adapters.postgres.dead_letters import (
+from service.adapters.postgres.dead_letter_rows import (
     ASSIGN_DEFAULT_OWNER,
     DEAD_LETTER_COLUMNS,
     DEAD_LETTERS_BY_CLASS,
@@ -76,14 +84,6 @@ from service.adapters.postgres.reservations import (
     expire_reservation,
     reservation_state,
     transitions_of,
-)
-from service.adapters.postgres.verification import (
-    VERIFY_CHECKS,
-    VERIFY_SESSION,
-    VERIFY_TOTALS,
-    prepare_verification,
-    verify_check,
-    verify_totals,
 )
 
 __all__ = [

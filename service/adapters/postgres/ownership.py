@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from service.adapters.postgres.dead_letters import Actor
+from service.adapters.postgres.dead_letter_rows import Actor
 from service.adapters.postgres.pool import Connection
 
 SET_OWNER = "UPDATE dead_letters SET owner = $2, updated_at = now() WHERE id = $1"

@@ -153,9 +153,9 @@ async def expire_batch(
     never waiting for a row another transaction holds (that row is not won).
 
     A batch of one runs the single-row statement, the same transition and audit
-    row for a third less of PostgreSQL's time (its arrays, unnest and joins cost
-    the batched statement about 0.4 ms more for one row): under a steady load,
-    and with ``EXPIRY_BATCH_SIZE=1``, most batches hold one delivery.
+    row for less of PostgreSQL's time (the batched statement's arrays, unnest and
+    joins are paid for nothing; figures: docs/benchmark.md#a-batch-of-one): under a
+    steady load, and with ``EXPIRY_BATCH_SIZE=1``, most batches hold one delivery.
     """
     if len(ids) == 1:
         one = await conn.fetchrow(

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
-from service.adapters.postgres.dead_letters import DEAD_LETTER_COLUMNS
+from service.adapters.postgres.dead_letter_rows import DEAD_LETTER_COLUMNS
 from service.adapters.postgres.pool import Connection
 
 REVISIONED = f"{DEAD_LETTER_COLUMNS}, xmin::text AS revision"

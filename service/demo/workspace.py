@@ -1,4 +1,4 @@
-"""The demo's sandbox: its database and vhost, and the settings that reach them.
+"""The demo's workspace: its sandbox (a database and a vhost), and the settings that reach it.
 
 One name for both (``--name``), on the servers that ``DATABASE_URL`` and
 ``AMQP_URL`` name; the vhost is made through the management API of the
