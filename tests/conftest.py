@@ -43,6 +43,8 @@ _counter = itertools.count(1)
 def _library_patches() -> None:
     """What ``run_command`` installs before a command runs (the total decoders)."""
     internals.install()
+
+
 # Settings read without the EXPIRY_ prefix that a test run's shell sets for the fixtures.
 _SHELL_ONLY = ("RABBITMQ_MANAGEMENT_URL",)
 

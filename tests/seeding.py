@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from service import scan
-from tests.proxy import tcp_proxy
+from tests.recipes import consumer_cut_off, database_behind_proxy
 from tests.support import (
     Stack,
     eventually,
@@ -14,8 +13,6 @@ from tests.support import (
     pg_connection,
     publish_raw,
     queue_depth,
-    running_consumer,
-    wait_for_consumers,
 )
 
 
@@ -28,36 +25,28 @@ async def seed_dead_letters(stack: Stack, *, exhausted: int = 1, poison: int = 1
     async with pg_connection(stack.database_url) as conn:
         records_before: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
     ids = await insert_holds(stack.database_url, exhausted)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(
-            update={
-                "database_url": proxy.url(stack.database_url),
-                "max_attempts": 2,
-                "retry_delays": (1,),
-            }
+    async with (
+        database_behind_proxy(stack, max_attempts=2, retry_delays=(1,)) as database,
+        consumer_cut_off(stack, database),
+    ):
+        await publish_raw(
+            stack.amqp_url,
+            [b"<html>not a command</html>"] * poison,
+            message_ids=[f"junk-{n}" for n in range(1, poison + 1)],
         )
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
-            await publish_raw(
-                stack.amqp_url,
-                [b"<html>not a command</html>"] * poison,
-                message_ids=[f"junk-{n}" for n in range(1, poison + 1)],
-            )
-            total = exhausted + poison
+        total = exhausted + poison
 
-            async def all_dead() -> bool:
-                depth = await queue_depth(stack.amqp_url, "expirations.dead")
-                return depth == dead_before + total
+        async def all_dead() -> bool:
+            depth = await queue_depth(stack.amqp_url, "expirations.dead")
+            return depth == dead_before + total
 
-            await eventually(all_dead, timeout=60)
-            proxy.restore()  # the recorder can write the records now
+        await eventually(all_dead, timeout=60)
+        database.proxy.restore()  # the recorder can write the records now
 
-            async def all_recorded() -> bool:
-                async with pg_connection(stack.database_url) as conn:
-                    count: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
-                return count == records_before + total
+        async def all_recorded() -> bool:
+            async with pg_connection(stack.database_url) as conn:
+                count: int = await conn.fetchval("SELECT count(*) FROM dead_letters")
+            return count == records_before + total
 
-            await eventually(all_recorded, timeout=60)
+        await eventually(all_recorded, timeout=60)
     return ids

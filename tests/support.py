@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -96,7 +96,8 @@ def missing(reason: str) -> NoReturn:
 def run_module(
     module: str, *args: str, env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m module args`` to completion from the repository root (output captured)."""
+    """Run ``python -m module args`` to completion from the repository root (output captured);
+    ``start_module`` starts one in the background."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         env=env,
@@ -105,6 +106,21 @@ def run_module(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+async def start_module(
+    module: str,
+    *args: str,
+    env: dict[str, str],
+    output: IO[bytes],
+    cwd: Path = REPO,
+    stdin: int | None = None,
+) -> asyncio.subprocess.Process:
+    """Start ``python -m module args`` in the background, its stdout and stderr to ``output``."""
+    command = [sys.executable, "-m", module, *args]
+    return await asyncio.create_subprocess_exec(
+        *command, env=env, cwd=cwd, stdin=stdin, stdout=output, stderr=output
     )
 
 

@@ -81,9 +81,8 @@ class PostgresStore:
         self._alone = asyncio.Semaphore(max(1, settings.db_pool_size - for_batches))
         # A delivery whose row was held by another transaction hardly waits for it
         # (most likely the support side is consuming that hold): it is retried later.
-        # Waiting would hold back its neighbours' coalesced acks (docs/benchmark.md: with
-        # 5% of rows locked, the others ran at 61% of the unlocked rate with a 50 ms
-        # wait, 64% with none).
+        # Waiting would hold back its neighbours' coalesced acks, and the others expire
+        # more slowly (figures: docs/benchmark.md#a-row-held-by-another-transaction).
         self.busy_wait_ms = min(settings.lock_timeout_ms, BUSY_ROW_WAIT_MS)
 
     async def expire_many(

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import tempfile
 from typing import IO
 
-from tests.support import REPO, Endpoints
+from tests.support import Endpoints, start_module
 from tests.support import run_module as run
 
 __all__ = ["base_env", "endpoints_env", "run", "start", "stop"]
@@ -35,9 +34,7 @@ def endpoints_env(endpoints: Endpoints) -> dict[str, str]:
 async def start(module: str, *args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
     """Start ``python -m module`` in the background, its output going to a file."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop(); a pipe would fill up)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, env=env, cwd=REPO, stdout=log, stderr=log
-    )
+    process = await start_module(module, *args, env=env, output=log)
     _LOGS[process.pid] = log
     return process
 

@@ -5,8 +5,9 @@ it), and a world per scenario. Prints every scenario's figures at the end."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -16,25 +17,33 @@ from tests.faults.world import World, open_world
 from tests.rabbitnode import FaultNode, Rabbitmq4Node, RabbitNode, ServerUnavailable
 from tests.support import Endpoints, missing
 
+T = TypeVar("T")
+
+
+def _or_missing(what: str, step: Callable[[], T], undo: Callable[[], object] = lambda: None) -> T:
+    """``step()``; if a private server cannot be set up, ``undo()`` what it left and skip
+    (fail under CI) saying that ``what`` is missing."""
+    try:
+        return step()
+    except ServerUnavailable as exc:
+        undo()
+        missing(f"no {what}: {exc}")
+
 
 @pytest.fixture(scope="session")
 def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultNode]:
     """The suite's broker node: a private node of the machine's rabbitmq-server on ports
     of its own (stopped and removed afterwards), or with ``FAULTS_RABBITMQ=4`` the
     RabbitMQ 4.x node of ``../shared/tools/rabbitmq4.sh`` (left running)."""
-    node: RabbitNode | Rabbitmq4Node
-    try:
-        if os.environ.get("FAULTS_RABBITMQ", "") == "4":
-            node = Rabbitmq4Node()
-        else:
-            node = RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
-    except ServerUnavailable as exc:
-        missing(f"no private RabbitMQ node: {exc}")
-    try:
-        node.start()
-    except ServerUnavailable as exc:
-        node.shutdown()
-        missing(f"no RabbitMQ node for the fault suite: {exc}")
+    node: RabbitNode | Rabbitmq4Node = _or_missing(
+        "private RabbitMQ node",
+        lambda: (
+            Rabbitmq4Node()
+            if os.environ.get("FAULTS_RABBITMQ", "") == "4"
+            else RabbitNode.alone(tmp_path_factory.mktemp("rabbit"))
+        ),
+    )
+    _or_missing("RabbitMQ node for the fault suite", node.start, node.shutdown)
     yield node
     node.shutdown()
 
@@ -42,15 +51,8 @@ def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultNode]
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     """A private PostgreSQL cluster on a port of its own; dropped afterwards."""
-    try:
-        cluster = PgCluster()
-    except ServerUnavailable as exc:
-        missing(f"no private PostgreSQL cluster: {exc}")
-    try:
-        cluster.create()
-    except ServerUnavailable as exc:
-        cluster.drop()
-        missing(f"no private PostgreSQL cluster: {exc}")
+    cluster = _or_missing("private PostgreSQL cluster", PgCluster)
+    _or_missing("private PostgreSQL cluster", cluster.create, cluster.drop)
     yield cluster
     cluster.drop()
 
@@ -80,13 +82,16 @@ async def failover_world(
     """A primary and its streaming replica (private clusters of their own, dropped
     afterwards), a database on the primary (replicated), a vhost on the private node."""
     primary, replica = PgCluster(), PgCluster()
-    try:
+
+    def create_both() -> None:
         primary.create()
         replica.create_replica_of(primary)
-    except ServerUnavailable as exc:
+
+    def drop_both() -> None:
         replica.drop()
         primary.drop()
-        missing(f"no private PostgreSQL primary and replica: {exc}")
+
+    _or_missing("private PostgreSQL primary and replica", create_both, drop_both)
     try:
         async with open_world(primary.admin_url, rabbit_node, tmp_path, primary) as opened:
             yield opened, primary, replica

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.faults.checks import Outcome, verify
+from tests.faults.scenario import Finished
 from tests.faults.services import LogStats
+from tests.faults.workload import Workload
+from tests.faults.world import World
 
 RESULTS: list[Figures] = []
 
@@ -60,3 +64,32 @@ def report(
     RESULTS.append(figures)
     print(f"\nFIGURES {figures.line()}", flush=True)
     return figures
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A scenario's run that passed the invariant check: what the check found and what the
+    consumers logged, for the scenario's own assertions and its figures."""
+
+    workload: Workload
+    seconds: float
+    outcome: Outcome
+    stats: LogStats
+
+    def report(self, scenario: str, **extra: Any) -> Figures:
+        """``report`` the run's figures, with the scenario's ``extra`` facts."""
+        return report(
+            scenario,
+            holds=self.workload.holds,
+            seconds=self.seconds,
+            stats=self.stats,
+            dead_letters=len(self.outcome.dead_letters),
+            **extra,
+        )
+
+
+async def check_run(world: World, workload: Workload, end: Finished) -> Checked:
+    """``verify`` a run whose processes have all stopped, then read what its consumers
+    logged."""
+    outcome = await verify(world, end.expect, settled=end.settled)
+    return Checked(workload, end.seconds, outcome, world.fleet.consumer_stats())

@@ -13,12 +13,14 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
+from asyncio.subprocess import DEVNULL
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support import start_module
 
 RETRY_DELAYS = (1, 2, 4)
 # One delay queue per tier (no jitter): the scenarios count the retries per tier and the
@@ -162,16 +164,8 @@ class Fleet:
         suffix = "" if self._counter[name] == 1 else f"-{self._counter[name]}"
         log_path = self.workdir / f"{name}{suffix}.log"
         with log_path.open("ab") as log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                module,
-                *args,
-                env=env,
-                cwd=self.workdir,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+            process = await start_module(
+                module, *args, env=env, output=log, cwd=self.workdir, stdin=DEVNULL
             )
         started = ServiceProcess(name + suffix, module, log_path, process)
         self.processes.append(started)

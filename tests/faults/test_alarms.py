@@ -18,9 +18,9 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
-from tests.faults.report import report
-from tests.faults.scenario import settle_timeout, stop_cleanly
+from tests.faults.checks import queue_depths, settle, wait_for_consumers
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, settle_timeout, stop_cleanly
 from tests.faults.test_scans import leases, one_line_reason, published
 from tests.faults.workload import create_workload, holds_from_environment, insert_holds
 from tests.faults.world import World
@@ -125,13 +125,9 @@ async def test_an_alarm_blocks_the_scan_and_the_consumers_keep_draining(
     settled = await settle(world, expect, settle_timeout(workload.holds))
     seconds = time.monotonic() - started
     await stop_cleanly([scanner, *consumers])
-    outcome = await verify(world, expect, settled=settled)
-    report(
+    checked = await check_run(world, workload, Finished(expect, seconds, settled))
+    checked.report(
         f"13 broker {alarm} alarm",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=world.fleet.consumer_stats(),
-        dead_letters=len(outcome.dead_letters),
         drained_under_alarm=len(workload.due) - len(later),
         drained_s=f"{drained:.1f}",
         scan_exit=blocked.returncode,

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.faults.checks import verify, wait_for_consumers
-from tests.faults.report import report
+from tests.faults.checks import wait_for_consumers
+from tests.faults.report import check_run
 from tests.faults.scenario import LoadRun
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
@@ -41,14 +41,10 @@ async def test_broker_stopped_and_started_mid_stream(world: World) -> None:
         assert run.consumers == before
         assert all(c.alive for c in before), "a consumer died instead of reconnecting"
         end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
-    stats = world.fleet.consumer_stats()
-    report(
+    checked = await check_run(world, workload, end)
+    stats = checked.stats
+    checked.report(
         "3 broker stop_app/start_app",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         consumers_back_s=f"{recovered:.1f}",
         stale_acks=len(stats.named("expiry.stale_delivery"))
         + len(stats.named("expiry.settle_failed")),
@@ -82,16 +78,12 @@ async def test_broker_blackholed_mid_stream(world: World) -> None:
         reconnected = time.monotonic() - restored
         assert all(c.alive for c in run.consumers), "a consumer died instead of reconnecting"
         end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
+    checked = await check_run(world, workload, end)
     # aiormq gives up after three heartbeat intervals (+1 s each) without a frame.
     assert noticed <= 3 * (HEARTBEAT_SECONDS + 1) + 3, noticed
-    stats = world.fleet.consumer_stats()
-    report(
+    stats = checked.stats
+    checked.report(
         "4 broker blackholed",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         heartbeat_s=HEARTBEAT_SECONDS,
         noticed_s=f"{noticed:.1f}",
         reconnected_s=f"{reconnected:.1f}",

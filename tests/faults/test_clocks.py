@@ -20,9 +20,9 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.faults.checks import settle, verify, wait_for_consumers
-from tests.faults.report import report
-from tests.faults.scenario import settle_timeout, stop_cleanly
+from tests.faults.checks import settle, wait_for_consumers
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, settle_timeout, stop_cleanly
 from tests.faults.workload import create_workload, holds_from_environment, insert_holds
 from tests.faults.world import World
 from tests.support import free_port, missing
@@ -120,7 +120,7 @@ async def test_skewed_worker_clocks_neither_expire_early_nor_lose_a_hold(
     settled = await settle(world, expect, settle_timeout(workload.holds))
     seconds = time.monotonic() - started
     await stop_cleanly([scanner, *consumers])
-    outcome = await verify(world, expect, settled=settled)
+    checked = await check_run(world, workload, Finished(expect, seconds, settled))
     conn = await asyncpg.connect(world.database_url)
     try:
         early = await conn.fetchval(EARLY_SQL)
@@ -129,12 +129,8 @@ async def test_skewed_worker_clocks_neither_expire_early_nor_lose_a_hold(
     assert early == 0
     assert abs(drifts["ahead"] - SKEWS["ahead"]) < 2, drifts
     assert abs(drifts["behind"] - SKEWS["behind"]) < 2, drifts
-    report(
+    checked.report(
         "14 skewed worker clocks",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=world.fleet.consumer_stats(),
-        dead_letters=len(outcome.dead_letters),
         skews_s="/".join(f"{k}{v:+d}" for k, v in SKEWS.items()),
         reported_drift_s="/".join(f"{drifts[k]:+.2f}" for k in ("ahead", "behind")),
         came_due_during_run=len(soon),

@@ -11,8 +11,8 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, verify
-from tests.faults.report import report
+from tests.faults.checks import queue_depths
+from tests.faults.report import check_run
 from tests.faults.scenario import LoadRun
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import create_workload, holds_from_environment
@@ -58,13 +58,13 @@ async def test_sigkill_consumers_at_random_moments(world: World) -> None:
         await run.reach(point)
         await run.kill_one()
     end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
+    checked = await check_run(world, workload, end)
 
     # Whatever the crashed consumer committed (its first commit, and any that finished
     # alongside) was never acked: redelivered, it is found already done.
     committed = await _expired_by(world.database_url, "failpoint")
     assert committed
-    stats = world.fleet.consumer_stats()
+    stats = checked.stats
     for reservation_id in committed:
         after_crash = [
             (e["outcome"], e["redelivered"])
@@ -75,12 +75,8 @@ async def test_sigkill_consumers_at_random_moments(world: World) -> None:
         # missing when the random SIGKILL hits that consumer between its ack and its log
         # line; the invariant check above has already proven the single transition.
         assert set(after_crash) <= {("already-done", True)}, (reservation_id, after_crash)
-    report(
+    checked.report(
         "1 SIGKILL consumers",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         sigkills=run.kills,
         committed_unacked=len(committed),
         redelivered=stats.redelivered,
@@ -123,16 +119,11 @@ async def test_a_message_that_kills_every_consumer_ends_dead(world: World) -> No
             await asyncio.sleep(0.2)
     deaths += await _restart_the_dead(run, replaced)
     end = await run.finish(timeout=30)
-    outcome = await verify(world, end.expect, settled=end.settled)
-    [dead] = outcome.dead_letters
+    checked = await check_run(world, workload, end)
+    [dead] = checked.outcome.dead_letters
     assert deaths <= DELIVERY_LIMIT, deaths
-    stats = world.fleet.consumer_stats()
-    report(
+    checked.report(
         "7 poison message",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         consumer_deaths=deaths,
         give_up=(dead.headers or {}).get("x-expiry-give-up", "broker delivery-limit"),
         error_class=(dead.headers or {}).get("x-expiry-error-class", "-"),
@@ -191,15 +182,10 @@ async def test_sigterm_with_a_full_prefetch_window(world: World) -> None:
     windows = [line["in_flight"]]
     run.consumers.append(await world.consumer(**run.consumer_env))
     end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
+    checked = await check_run(world, workload, end)
     assert windows == [PREFETCH], windows
-    stats = world.fleet.consumer_stats()
-    report(
+    checked.report(
         "2 SIGTERM full window",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         sigterms=len(windows),
         in_flight_at_sigterm="/".join(str(w) for w in windows),
         prefetch=PREFETCH,

@@ -13,10 +13,10 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
+from tests.faults.checks import queue_depths, settle, wait_for_consumers
 from tests.faults.netproxy import PgCommitCut
-from tests.faults.report import report
-from tests.faults.scenario import LoadRun, stop_cleanly
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, LoadRun, stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
@@ -47,17 +47,13 @@ async def test_database_stopped_mid_stream(pg_world: World) -> None:
     await asyncio.sleep(DB_DOWN_SECONDS)
     await asyncio.to_thread(cluster.start)
     end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
-    stats = world.fleet.consumer_stats()
+    checked = await check_run(world, workload, end)
+    stats = checked.stats
     retries = stats.named("expiry.retry")
     tiers = Counter(int(e["delay_s"]) for e in retries)
     assert len(tiers) >= 2, f"the retries did not go through the delay tiers: {tiers}"
-    report(
+    checked.report(
         "5a database stopped",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         down_s=DB_DOWN_SECONDS,
         retries_per_tier="/".join(f"{tier}s:{n}" for tier, n in sorted(tiers.items())),
         max_attempt=max(int(e["attempt"]) for e in retries),
@@ -99,12 +95,12 @@ async def test_connection_cut_during_commit(world: World) -> None:
             while cutter.fired is None or not cutter.fired.closed:
                 await asyncio.sleep(0.05)
         end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
+    checked = await check_run(world, workload, end)
     cut = [str(i) for i in cutter.reservation_ids]
     assert cut, "the cut statement named no reservation"
     # The commit happened: each audit row is the first attempt's, made by the cut statement...
     assert await _audit(world.database_url, cutter.reservation_ids) == {i: [1] for i in cut}
-    stats = world.fleet.consumer_stats()
+    stats = checked.stats
     # ...yet no delivery was settled on its lost answer: each was decided again, and found
     # already done (after a retry, or by the fallback of a failed batch).
     for reservation_id in cut:
@@ -114,12 +110,8 @@ async def test_connection_cut_during_commit(world: World) -> None:
             if e.get("event") == "expiry.outcome"
         ]
         assert outcomes == ["already-done"], (reservation_id, outcomes)
-    report(
+    checked.report(
         "5b connection cut during commit",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         commits_cut=1,
         holds_in_cut_commit=len(cut),
         batch_failures=len(stats.named("expiry.batch_failed")),
@@ -156,15 +148,11 @@ async def test_row_lock_held_longer_than_the_lock_timeout(world: World) -> None:
         await support.close()
     end = await run.finish()
     end.expect.consumed.update(consumed)
-    outcome = await verify(world, end.expect, settled=end.settled)
-    stats = world.fleet.consumer_stats()
+    checked = await check_run(world, workload, end)
+    stats = checked.stats
     assert {e["reservation_id"] for e in _lock_timeouts(world)} == {str(i) for i in locked}
-    report(
+    checked.report(
         "6 row lock past lock timeout",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         locked=LOCKED_HOLDS,
         lock_held_s=f"{held_for:.1f}",
         lock_timeouts=len(_lock_timeouts(world)),
@@ -208,15 +196,11 @@ async def test_refused_retry_tier_while_the_database_fails(world: World) -> None
     settled = await settle(world, expect, 60)
     seconds = time.monotonic() - started
     await stop_cleanly([finisher])
-    outcome = await verify(world, expect, settled=settled)
+    checked = await check_run(world, workload, Finished(expect, seconds, settled))
     refused = len(_events(consumer, "expiry.copy_failed"))
     assert refused > 0
-    report(
+    checked.report(
         "8 retry tier refuses publishes",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=world.fleet.consumer_stats(),
-        dead_letters=len(outcome.dead_letters),
         copies_refused=refused,
         copies_accepted=len(_events(consumer, "expiry.retry")),
         kept_in_queues=kept,

@@ -21,9 +21,8 @@ import time
 
 import pytest
 
-from tests.faults.checks import verify
 from tests.faults.nodes import PgCluster
-from tests.faults.report import report
+from tests.faults.report import check_run
 from tests.faults.scenario import LoadRun
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
@@ -62,15 +61,10 @@ async def test_postgresql_fails_over_to_its_replica_mid_stream(
     assert run.scanner is not None
     assert run.scanner.alive
     end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
-    assert not outcome.dead_letters, "dead-lettered within the budget"
-    stats = world.fleet.consumer_stats()
-    report(
+    checked = await check_run(world, workload, end)
+    assert not checked.outcome.dead_letters, "dead-lettered within the budget"
+    checked.report(
         "15 PostgreSQL failover to a replica",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         primary_down_s=f"{promoted - stopped:.1f}",
         back_to_work_after_promote_s=f"{resumed:.1f}",
         consumer_restarts=0,

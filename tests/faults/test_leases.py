@@ -16,9 +16,9 @@ import time
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
-from tests.faults.report import report
-from tests.faults.scenario import settle_timeout, stop_cleanly
+from tests.faults.checks import queue_depths, settle, wait_for_consumers
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, settle_timeout, stop_cleanly
 from tests.faults.test_scans import published
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
@@ -64,7 +64,7 @@ async def test_commands_lost_outside_the_broker_come_back_when_their_lease_lapse
     settled = await settle(world, expect, settle_timeout(workload.holds) + LEASE_SECONDS)
     seconds = time.monotonic() - started
     await stop_cleanly([scanner, *consumers])
-    outcome = await verify(world, expect, settled=settled)
+    checked = await check_run(world, workload, Finished(expect, seconds, settled))
     conn = await asyncpg.connect(world.database_url)
     try:
         longest = float(await conn.fetchval(LAST_EXPIRY, lost_at))
@@ -75,12 +75,8 @@ async def test_commands_lost_outside_the_broker_come_back_when_their_lease_lapse
         await conn.close()
     assert counts == {2: len(workload.due)}, counts  # each published again, exactly once
     bound = LEASE_SECONDS + 2 * SCAN_EVERY
-    report(
+    checked.report(
         "12 commands lost outside the broker",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=world.fleet.consumer_stats(),
-        dead_letters=len(outcome.dead_letters),
         lost=len(workload.due),
         published_again=counts.get(2, 0),
         lease_s=LEASE_SECONDS,

@@ -11,10 +11,10 @@ import time
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
+from tests.faults.checks import queue_depths, settle, wait_for_consumers
 from tests.faults.netproxy import AmqpAckTrap
-from tests.faults.report import report
-from tests.faults.scenario import stop_cleanly
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import Workload, create_workload
 from tests.faults.world import World
@@ -132,17 +132,12 @@ async def test_replays_are_one_transition_each(world: World) -> None:
     settled = await settle(world, expect, 60)
     seconds = time.monotonic() - started
     await stop_cleanly([consumer])
-    outcome = await verify(world, expect, settled=settled)
+    checked = await check_run(world, workload, Finished(expect, seconds, settled))
     audit = await _fetch(
         world.database_url, "SELECT outcome, count(*) AS n FROM dead_letter_replays GROUP BY 1"
     )
-    stats = world.fleet.consumer_stats()
-    report(
+    checked.report(
         "10 replay",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         dead_lettered_first=DEAD_LETTERS,
         replay_audit="/".join(f"{row['outcome']}:{row['n']}" for row in audit),
         replays_killed=1,

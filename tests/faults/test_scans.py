@@ -10,10 +10,10 @@ from collections import Counter
 import asyncpg
 import pytest
 
-from tests.faults.checks import queue_depths, settle, verify, wait_for_consumers
+from tests.faults.checks import queue_depths, settle, wait_for_consumers
 from tests.faults.netproxy import AmqpPublishTrap
-from tests.faults.report import report
-from tests.faults.scenario import settle_timeout, stop_cleanly
+from tests.faults.report import check_run
+from tests.faults.scenario import Finished, settle_timeout, stop_cleanly
 from tests.faults.services import ServiceProcess
 from tests.faults.workload import Workload, create_workload, holds_from_environment
 from tests.faults.world import World
@@ -54,15 +54,16 @@ async def work_queue_depth(world: World) -> int:
     return depths["expirations"]
 
 
-async def consume_all(world: World, workload: Workload, consumers: int = 2) -> tuple[float, bool]:
-    """Attach consumers, let them finish, stop them; return (seconds, settled)."""
+async def consume_all(world: World, workload: Workload, consumers: int = 2) -> Finished:
+    """Attach consumers, let them finish, stop them; say how the run ended."""
     started = time.monotonic()
     processes = [await world.consumer() for _ in range(consumers)]
     await wait_for_consumers(world.amqp_url, consumers)
-    settled = await settle(world, workload.expectation(set()), settle_timeout(workload.holds))
+    expect = workload.expectation(set())
+    settled = await settle(world, expect, settle_timeout(workload.holds))
     seconds = time.monotonic() - started
     await stop_cleanly(processes)
-    return seconds, settled
+    return Finished(expect, seconds, settled)
 
 
 async def test_overlapping_scans_split_the_work(world: World) -> None:
@@ -82,15 +83,9 @@ async def test_overlapping_scans_split_the_work(world: World) -> None:
     lease_rows, top = await leases(world.database_url)
     assert lease_rows == len(workload.due)
     assert total == await work_queue_depth(world) >= len(workload.due)
-    seconds, settled = await consume_all(world, workload)
-    outcome = await verify(world, workload.expectation(set()), settled=settled)
-    stats = world.fleet.consumer_stats()
-    report(
+    checked = await check_run(world, workload, await consume_all(world, workload))
+    checked.report(
         "9a overlapping scans",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         scans=len(scans),
         published=total,
         published_per_scan="/".join(str(published(s)) for s in scans),
@@ -134,15 +129,9 @@ async def test_scan_during_a_broker_outage(world: World) -> None:
         again = await world.scan(**via_proxy)
         assert again.returncode == 0, again.text()[-2000:]
     assert (await leases(world.database_url))[0] == len(workload.due)
-    seconds, settled = await consume_all(world, workload)
-    outcome = await verify(world, workload.expectation(set()), settled=settled)
-    stats = world.fleet.consumer_stats()
-    report(
+    checked = await check_run(world, workload, await consume_all(world, workload))
+    checked.report(
         "9b scan during broker outage",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         leases_after_outage=0,
         leases_after_mid_scan_cut=mid_scan_leases,
         queued_after_mid_scan_cut=mid_scan_depth,
@@ -175,18 +164,13 @@ async def test_scan_whose_confirms_are_lost(world: World) -> None:
     assert again.returncode == 0, again.text()[-2000:]
     assert published(again) == CONFIRM_LOST_HOLDS
     assert await work_queue_depth(world) == 2 * CONFIRM_LOST_HOLDS
-    seconds, settled = await consume_all(world, workload, consumers=1)
-    outcome = await verify(world, workload.expectation(set()), settled=settled)
-    stats = world.fleet.consumer_stats()
+    checked = await check_run(world, workload, await consume_all(world, workload, consumers=1))
+    stats = checked.stats
     ids = Counter(str(e["message_id"]) for e in stats.named("expiry.outcome"))
     assert set(ids.values()) == {2}, ids  # the same message id, twice each
     assert stats.outcomes == {"expired": CONFIRM_LOST_HOLDS, "already-done": CONFIRM_LOST_HOLDS}
-    report(
+    checked.report(
         "9c scan confirms lost",
-        holds=workload.holds,
-        seconds=seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         lost_scan_exit_s=f"{lost_seconds:.1f}",
         republished=published(again),
     )

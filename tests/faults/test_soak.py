@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.faults.checks import verify, wait_for_consumers
-from tests.faults.report import report
+from tests.faults.checks import wait_for_consumers
+from tests.faults.report import check_run
 from tests.faults.scenario import LoadRun
 from tests.faults.workload import create_workload, holds_from_environment
 from tests.faults.world import World
@@ -54,19 +54,15 @@ async def test_soak_with_sigkills_and_a_broker_restart(world: World) -> None:
         else:
             back = await restart_broker(run)
     end = await run.finish()
-    outcome = await verify(world, end.expect, settled=end.settled)
-    stats = world.fleet.consumer_stats()
-    report(
+    checked = await check_run(world, workload, end)
+    stats = checked.stats
+    checked.report(
         "0 soak: SIGKILLs + broker restart",
-        holds=workload.holds,
-        seconds=end.seconds,
-        stats=stats,
-        dead_letters=len(outcome.dead_letters),
         sigkills=run.kills,
         broker_restarts=1,
         consumers_back_s=f"{back:.1f}",
         redelivered=stats.redelivered,
-        expired=outcome.expired,
+        expired=checked.outcome.expired,
         consumed_by_support=len(end.expect.consumed),
         seed=seed,
     )

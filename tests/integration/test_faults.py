@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
+from uuid import UUID
 
 import aio_pika
 import pytest
 
 from service import scan
-from service.core.domain import command_body
+from service.core.domain import command_body, message_id
 from service.core.topology import QUEUE
 from service.declare import declare
 from tests.proxy import tcp_proxy
+from tests.recipes import consumer_cut_off, database_behind_proxy
 from tests.support import (
     Stack,
     drain_queue,
@@ -44,18 +47,14 @@ async def test_database_gone_mid_stream_retries_then_succeeds(
     """PostgreSQL unreachable: commands go round the delay tiers, then all expire; none dead."""
     caplog.set_level(logging.INFO)
     await insert_holds(stack.database_url, 200)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(
-            update={"database_url": proxy.url(stack.database_url), "max_attempts": 20}
-        )
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
-            await eventually(lambda: _has_events(caplog, "expiry.retry", 200))
-            await asyncio.sleep(2)
-            proxy.restore()
-            await eventually(lambda: _all_expired(stack, 200), timeout=60)
+    async with (
+        database_behind_proxy(stack, max_attempts=20) as database,
+        consumer_cut_off(stack, database),
+    ):
+        await eventually(lambda: _has_events(caplog, "expiry.retry", 200))
+        await asyncio.sleep(2)
+        database.proxy.restore()
+        await eventually(lambda: _all_expired(stack, 200), timeout=60)
     retried = _events(caplog, "expiry.retry")
     assert {r.error_class for r in retried} <= {"db.unavailable", "db.timeout"}  # type: ignore[attr-defined]
     assert max(r.attempt for r in retried) >= 2  # type: ignore[attr-defined]
@@ -71,35 +70,38 @@ async def _has_events(caplog: pytest.LogCaptureFixture, event: str, count: int) 
 async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: Stack) -> None:
     """When the attempt budget is spent, the command is dead-lettered with its history."""
     ids = await insert_holds(stack.database_url, 3)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(
-            update={
-                "database_url": proxy.url(stack.database_url),
-                "max_attempts": 3,
-                "retry_delays": (1,),
-            }
-        )
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
-            await eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
+    async with (
+        database_behind_proxy(stack, max_attempts=3, retry_delays=(1,)) as database,
+        consumer_cut_off(stack, database),
+    ):
+        await eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
     dead = await drain_queue(stack.amqp_url, "expirations.dead")
-    assert {m.message_id for m in dead} == {f"expire:{rid}:" for rid in ids} or {
-        m.message_id.split(":")[1] for m in dead if m.message_id
-    } == {str(r) for r in ids}
+    # Each dead letter is the scan's own command for one of the holds: its id, its body.
+    assert Counter((m.message_id, m.body) for m in dead) == await _commands_for(stack, ids)
     for message in dead:
         headers = message.headers
         assert headers["x-expiry-give-up"] == "attempts-exhausted"
         assert headers["x-expiry-attempt"] == 3
         assert headers["x-expiry-error-class"] == "db.unavailable"
-        assert headers["x-expiry-worker"] == settings.worker_id
+        assert headers["x-expiry-worker"] == database.settings.worker_id
         first, last = headers["x-expiry-first-seen"], headers["x-expiry-last-seen"]
         assert isinstance(first, int)
         assert isinstance(last, int)
         assert first <= last
         assert "x-death" not in headers  # a fresh copy of ours, never a copied x-death
     assert await statuses(stack.database_url) == {"held": 3}
+
+
+async def _commands_for(stack: Stack, ids: list[UUID]) -> Counter[tuple[str, bytes]]:
+    """The message id and body the scan publishes for each of the holds ``ids``."""
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
+        )
+    return Counter(
+        (message_id(row["id"], row["hold_until"]), command_body(row["id"], row["hold_until"]))
+        for row in rows
+    )
 
 
 async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
@@ -118,18 +120,14 @@ async def test_refused_retry_publish_keeps_the_original(stack: Stack) -> None:
         },
     )
     await insert_holds(stack.database_url, 5)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
+    async with database_behind_proxy(stack) as database:
+        async with consumer_cut_off(stack, database):
             await asyncio.sleep(3)
         # The consumer has stopped: every command must be back in a queue, none dead.
         await eventually(lambda: _ready_total_is(stack, 5))
         assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
-        proxy.restore()
-        async with running_consumer(settings):
+        database.proxy.restore()
+        async with running_consumer(database.settings):
             await eventually(lambda: _all_expired(stack, 5), timeout=60)
     assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
 

@@ -28,8 +28,8 @@ from service.adapters.amqp.topology import topology_for
 from service.core.domain import command_body
 from service.settings import Settings
 from service.worker.failures import REFUSAL_LIMIT
-from tests.proxy import tcp_proxy
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
+from tests.recipes import consumer_cut_off, database_behind_proxy
 from tests.support import (
     Stack,
     eventually,
@@ -318,18 +318,17 @@ async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(
     recorded, never lost, and never handled again."""
     caplog.set_level(logging.INFO)
     [rid] = await insert_holds(stack.database_url, 1)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            await _unbind_retry_tiers(stack, settings)
-            proxy.cut()
-            # Published as the scan would, without the scan's declarations (which bind).
-            body = command_body(rid, datetime.datetime.now(datetime.UTC))
-            await _publish(stack, "expirations", "expire", [_message(body, f"expire:{rid}", {})])
-            await eventually(lambda: _depth(stack, "expirations.dead", 1), timeout=90)
-            proxy.restore()
-            await eventually(lambda: _count_is(stack, 1), timeout=60)
+    async with (
+        database_behind_proxy(stack) as database,
+        consumer_cut_off(stack, database, scan=False),
+    ):
+        await _unbind_retry_tiers(stack, database.settings)
+        # Published as the scan would, without the scan's declarations (which bind).
+        body = command_body(rid, datetime.datetime.now(datetime.UTC))
+        await _publish(stack, "expirations", "expire", [_message(body, f"expire:{rid}", {})])
+        await eventually(lambda: _depth(stack, "expirations.dead", 1), timeout=90)
+        database.proxy.restore()
+        await eventually(lambda: _count_is(stack, 1), timeout=60)
     refused = [r for r in caplog.records if r.msg == "expiry.copy_failed"]
     assert len(refused) == REFUSAL_LIMIT
     assert getattr(refused[-1], "final", False) is True

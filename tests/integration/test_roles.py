@@ -660,9 +660,7 @@ GRANTS = {
         "dead_letter_id message_id operator outcome detail os_user client_host"
     ),
     (OPERATOR, "console_sessions", "SELECT"): EVERY_COLUMN,
-    (OPERATOR, "console_sessions", "INSERT"): (
-        "token operator credential csrf device client_host"
-    ),
+    (OPERATOR, "console_sessions", "INSERT"): ("token operator credential csrf device client_host"),
     (OPERATOR, "console_sessions", "UPDATE"): "last_seen_at ended_at ended_by end_reason",
     (OPERATOR, "console_logins", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "console_logins", "INSERT"): "name known client_host device outcome detail",

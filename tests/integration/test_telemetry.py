@@ -19,7 +19,7 @@ from service import scan
 from service.adapters import telemetry
 from service.adapters.metrics import Metrics
 from service.core.domain import command_body
-from tests.proxy import tcp_proxy
+from tests.recipes import consumer_cut_off, database_behind_proxy
 from tests.support import (
     Stack,
     eventually,
@@ -109,15 +109,10 @@ async def test_a_retry_stays_in_the_same_trace(stack: Stack, spans: InMemorySpan
     """Database away for the first attempt: the retry hop and attempt 2 are in the job's trace."""
     spans.clear()
     await insert_holds(stack.database_url, 1)
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(update={"database_url": proxy.url(stack.database_url)})
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            proxy.cut()
-            await scan.scan_once(stack.settings)
-            await eventually(lambda: _has_span(spans, "expirations.retry"))
-            proxy.restore()
-            await eventually(lambda: _expired(stack, 1), timeout=30)
+    async with database_behind_proxy(stack) as database, consumer_cut_off(stack, database):
+        await eventually(lambda: _has_span(spans, "expirations.retry"))
+        database.proxy.restore()
+        await eventually(lambda: _expired(stack, 1), timeout=30)
     finished = spans.get_finished_spans()
     consumed = sorted(
         (s for s in finished if s.kind is SpanKind.CONSUMER), key=lambda s: s.start_time or 0
@@ -238,12 +233,10 @@ async def test_health_endpoint_reports_liveness_readiness_and_metrics(stack: Sta
     port = free_port()
     provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
     metrics = Metrics(provider.get_meter("test"))
-    async with tcp_proxy(stack.database_url, 5432) as proxy:
-        settings = stack.settings.model_copy(
-            update={"database_url": proxy.url(stack.database_url), "http_port": port}
-        )
+    async with database_behind_proxy(stack, http_port=port) as database:
+        proxy = database.proxy
         async with (
-            running_consumer(settings, metrics=metrics, backlog_every=1.0) as task,
+            running_consumer(database.settings, metrics=metrics, backlog_every=1.0) as task,
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
         ):
             await wait_for_consumers(stack.amqp_url, 1, task)

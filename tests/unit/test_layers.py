@@ -1,83 +1,194 @@
-"""The folders are the architecture: imports only point down, and the core stays pure.
+"""The folders are the architecture: every import obeys one rule table, and the core stays pure.
 
-Read from the source (no import is run): every ``import``/``from`` of every
-module under ``service/``.
+Read from the source (no module is imported): every ``import`` and ``from`` of every
+module under ``service/``, those inside functions and relative ones included, is
+checked against ``MAY_IMPORT``.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
-# Lower layers first; a module may import its own layer and the layers below.
-LAYERS = ["core", "settings", "adapters", "worker|ops|scan", "commands"]
-IO_LIBRARIES = ("aio_pika", "aiormq", "asyncpg", "opentelemetry", "pamqp", "httpx", "h11")
+
+# The one rule: the layers each layer may import besides its own. A module's layer is
+# its folder under service/; the modules beside the folders are "commands", except those
+# in TOP_LEVEL_LAYERS. A new folder is a new layer: it must be added here.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "settings": frozenset({"core"}),
+    "adapters": frozenset({"core", "settings"}),
+    "worker": frozenset({"core", "settings", "adapters"}),
+    "ops": frozenset({"core", "settings", "adapters"}),
+    "scan": frozenset({"core", "settings", "adapters"}),
+    "commands": frozenset({"core", "settings", "adapters", "worker", "ops", "scan"}),
+    "console": frozenset({"core", "settings", "adapters", "ops", "commands"}),
+    "demo": frozenset({"core", "settings", "adapters", "worker", "commands"}),
+}
+TOP_LEVEL_LAYERS = {"settings": "settings"}
+# What service.core may import besides itself: the standard library and these.
+CORE_MAY_USE = frozenset({"pydantic"})
 
 
-def layer_of(module: str) -> int:
-    """The layer of ``service.x.y`` (commands: the top-level entry points and cli)."""
-    part = module.split(".")[1] if module.count(".") >= 1 else ""
-    for rank, names in enumerate(LAYERS):
-        if part in names.split("|"):
-            return rank
-    return len(LAYERS) - 1
+@dataclass(frozen=True)
+class Module:
+    """One module of the tree: its dotted name, its file, the package it sits in."""
+
+    name: str
+    path: Path
+    package: str
 
 
-def modules() -> list[tuple[str, Path]]:
+def modules_of(root: Path) -> list[Module]:
+    """Every module under ``root`` (a package directory), named from ``root``'s own name."""
     found = []
-    for path in sorted(SERVICE.rglob("*.py")):
-        relative = path.relative_to(SERVICE.parent).with_suffix("")
-        name = ".".join(part for part in relative.parts if part != "__init__")
-        found.append((name, path))
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            name = ".".join(parts[:-1])
+            found.append(Module(name, path, name))
+        else:
+            found.append(Module(".".join(parts), path, ".".join(parts[:-1])))
     return found
 
 
-def imports_of(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
-    names: list[str] = []
-    for node in ast.walk(tree):
+def _absolute(module: Module, node: ast.ImportFrom) -> str:
+    """The module a ``from`` import reads from, relative levels resolved."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(module: Module) -> set[str]:
+    """The dotted names ``module`` imports (``from a import b`` gives ``a`` and ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, node)
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
     return names
 
 
-def service_imports(path: Path) -> set[str]:
-    return {name for name in imports_of(path) if name.split(".")[0] == "service"}
+def layer_of(name: str, root: Path) -> str:
+    """The layer of the dotted name ``name`` within the package at ``root``."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "commands"
+    if (root / parts[1]).is_dir():
+        return parts[1]
+    return TOP_LEVEL_LAYERS.get(parts[1], "commands")
 
 
-@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
-def test_imports_point_down(module: str, path: Path) -> None:
-    """No module imports from a layer above its own, nor a sibling layer of its floor."""
-    own = layer_of(module)
-    group = module.split(".")[1] if module.count(".") else ""
-    for target in service_imports(path):
-        other = layer_of(target)
-        target_group = target.split(".")[1] if target.count(".") else ""
-        same_floor_sibling = other == own and target_group != group and own == 3
-        assert other <= own, f"{module} imports {target}, a layer above"
-        assert not same_floor_sibling, f"{module} imports {target}, a sibling layer"
+def layer_violations(module: Module, root: Path) -> list[str]:
+    """Each import of ``module`` that the rule table does not allow, as a sentence."""
+    own = layer_of(module.name, root)
+    if own not in MAY_IMPORT:
+        return [f"{module.name} is in {own!r}, a layer MAY_IMPORT does not name"]
+    problems = []
+    for name in sorted(imports_of(module)):
+        if name.split(".")[0] != root.name:
+            continue
+        target = layer_of(name, root)
+        if target != own and target not in MAY_IMPORT[own]:
+            problems.append(f"{module.name} ({own}) imports {name} ({target})")
+    return problems
 
 
-@pytest.mark.parametrize(
-    ("module", "path"),
-    [(m, p) for m, p in modules() if m.startswith("service.core")],
-    ids=[m for m, _ in modules() if m.startswith("service.core")],
-)
-def test_the_core_imports_no_io_library(module: str, path: Path) -> None:
-    """service.core imports neither aio-pika, aiormq, asyncpg, opentelemetry nor pamqp."""
-    libraries = {name.split(".")[0] for name in imports_of(path)}
-    assert not libraries & set(IO_LIBRARIES), f"{module} imports {libraries & set(IO_LIBRARIES)}"
+def outside_libraries(module: Module, root: Path) -> set[str]:
+    """The top-level packages ``module`` imports that are neither the standard library,
+    ``CORE_MAY_USE`` nor ``root``'s own."""
+    tops = {name.split(".")[0] for name in imports_of(module)}
+    return tops - set(sys.stdlib_module_names) - CORE_MAY_USE - {root.name}
 
 
-def test_the_check_catches_an_upward_import(tmp_path: Path) -> None:
-    """The rule itself: an adapter importing the worker is caught."""
-    source = tmp_path / "x.py"
-    source.write_text("from service.worker.consumer import Consumer\n")
-    [target] = [t for t in service_imports(source) if t.count(".") == 2]
-    assert layer_of(target) > layer_of("service.adapters.postgres")
+def _reachable(layer: str) -> set[str]:
+    """Every layer ``layer`` may reach through the table, directly or through others."""
+    seen: set[str] = set()
+    todo = list(MAY_IMPORT.get(layer, ()))
+    while todo:
+        step = todo.pop()
+        if step not in seen:
+            seen.add(step)
+            todo.extend(MAY_IMPORT.get(step, ()))
+    return seen
+
+
+MODULES = modules_of(SERVICE)
+CORE = [m for m in MODULES if layer_of(m.name, SERVICE) == "core"]
+
+
+def test_the_rule_table_points_one_way() -> None:
+    """No layer may reach itself through the table: the layers form a strict order."""
+    assert not [layer for layer in MAY_IMPORT if layer in _reachable(layer)]
+
+
+def test_every_folder_is_a_layer_of_the_table_and_every_layer_is_there() -> None:
+    """Each package under service/ is named in MAY_IMPORT, and each layer named exists."""
+    folders = {p.parent.name for p in SERVICE.glob("*/__init__.py")}
+    present = folders | {"commands"} | set(TOP_LEVEL_LAYERS.values())
+    assert folders <= set(MAY_IMPORT), folders - set(MAY_IMPORT)
+    named = set(MAY_IMPORT).union(*MAY_IMPORT.values())
+    assert named <= present, named - present
+
+
+@pytest.mark.parametrize("module", MODULES, ids=[m.name for m in MODULES])
+def test_imports_follow_the_rule_table(module: Module) -> None:
+    """Every service import of the module is of its own layer or one MAY_IMPORT allows."""
+    assert not layer_violations(module, SERVICE)
+
+
+@pytest.mark.parametrize("module", CORE, ids=[m.name for m in CORE])
+def test_the_core_imports_only_the_standard_library_and_pydantic(module: Module) -> None:
+    """service.core imports no library but the standard library and pydantic (no
+    aio-pika, aiormq, asyncpg, opentelemetry, ...)."""
+    assert not outside_libraries(module, SERVICE)
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Path:
+    """A small ``service`` tree whose core imports upwards in three ways, and an I/O library."""
+    root = tmp_path / "service"
+    for package in ("", "core", "worker", "adapters"):
+        (root / package).mkdir(exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+    (root / "cli.py").write_text("")
+    (root / "core" / "bad.py").write_text(
+        "import asyncpg\n"
+        "from ..worker import consumer\n"
+        "def late() -> None:\n"
+        "    from service import cli\n"
+    )
+    (root / "worker" / "consumer.py").write_text("from service.core import bad\n")
+    (root / "adapters" / "fine.py").write_text("from service.core.bad import late\n")
+    return root
+
+
+def test_the_check_names_each_import_against_the_table(planted: Path) -> None:
+    """Planted upward imports (relative, and inside a function) are each reported;
+    downward ones are not."""
+    found = {m.name: layer_violations(m, planted) for m in modules_of(planted)}
+    assert found["service.core.bad"] == [
+        "service.core.bad (core) imports service (commands)",
+        "service.core.bad (core) imports service.cli (commands)",
+        "service.core.bad (core) imports service.worker (worker)",
+        "service.core.bad (core) imports service.worker.consumer (worker)",
+    ]
+    assert found["service.worker.consumer"] == []
+    assert found["service.adapters.fine"] == []
+
+
+def test_the_purity_check_names_an_io_library(planted: Path) -> None:
+    """A core module importing asyncpg is impure; one importing nothing outside is not."""
+    found = {m.name: outside_libraries(m, planted) for m in modules_of(planted)}
+    assert found["service.core.bad"] == {"asyncpg"}
+    assert found["service.worker.consumer"] == set()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.core.errors import ConfigError
 from service.settings import load_settings
+from tests.recipes import assert_refused_in_one_line
 
 
 def test_jitter_is_on_by_default_over_eight_slots() -> None:
@@ -52,8 +52,4 @@ def test_bad_jitter_settings_are_refused_with_one_line(
     monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
 ) -> None:
     """A bad value becomes one ConfigError line that starts with the setting's name."""
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError) as caught:
-        load_settings()
-    assert str(caught.value).startswith(message)
-    assert "\n" not in str(caught.value)
+    assert_refused_in_one_line(monkeypatch, name, value, message)

@@ -11,6 +11,7 @@ import pytest
 from service.core.errors import ConfigError
 from service.core.redaction import forget_secrets, redact
 from service.settings import load_settings, redact_url
+from tests.recipes import assert_refused_in_one_line
 
 
 @pytest.fixture(autouse=True)
@@ -75,11 +76,7 @@ def test_bad_values_name_the_setting(
     monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
 ) -> None:
     """A bad value becomes one ConfigError line that starts with the setting's name."""
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError) as caught:
-        load_settings()
-    assert str(caught.value).startswith(message)
-    assert "\n" not in str(caught.value)
+    assert_refused_in_one_line(monkeypatch, name, value, message)
 
 
 def test_a_setting_read_under_two_names_is_named_as_it_was_set(

@@ -2,10 +2,10 @@
 
 aio-pika hands each delivery to its callback as an ``IncomingMessage`` (some twenty
 attributes, each set through a checked ``__setattr__``) in a task of its own, on top
-of the task aiormq already runs per delivery: measured under py-spy, that was about a
-sixth of a consumer's time. Here a delivery is ``Delivered``: aiormq's message, read
-where it is read (a few slots, the properties looked up only when asked for), settled
-on the channel it came on.
+of the task aiormq already runs per delivery, a cost paid on every delivery (figures:
+docs/benchmark.md#the-work-queue-on-aiormq). Here a delivery is ``Delivered``: aiormq's
+message, read where it is read (a few slots, the properties looked up only when asked
+for), settled on the channel it came on.
 
 ``QueueConsumer`` is the ``basic.consume`` that aio-pika's robust queue would have kept:
 it consumes on the aiormq channel under a robust aio-pika channel and consumes again
