@@ -13,7 +13,7 @@ import pytest
 from tests.acceptance.demo_support import database_exists, run_bench, vhost_exists
 from tests.support import Endpoints
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
 RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine")
 FIGURES = [

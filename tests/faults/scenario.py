@@ -93,6 +93,7 @@ class LoadRun:
         expect = self.workload.expectation(await self.consumed())
         settled = await settle(self.world, expect, timeout or settle_timeout(self.workload.holds))
         seconds = time.monotonic() - self.started
+        await started(self.live)  # a replacement SIGTERMed while importing exits -15
         await stop_cleanly([p for p in (self.scanner, *self.consumers) if p is not None])
         return Finished(expect, seconds, settled)
 
@@ -104,6 +105,13 @@ class Finished:
     expect: Expectation
     seconds: float
     settled: bool
+
+
+async def started(consumers: list[ServiceProcess], timeout: float = 60.0) -> None:
+    """Wait until each running consumer has said it started (or has exited)."""
+    async with asyncio.timeout(timeout):
+        while any(c.alive and not c.named("consumer.started") for c in consumers):
+            await asyncio.sleep(0.1)
 
 
 async def stop_cleanly(processes: list[ServiceProcess]) -> None:

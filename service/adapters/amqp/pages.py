@@ -2,8 +2,8 @@
 
 Published one by one (aio-pika's ``Exchange.publish``), each command cost a message
 object, a task, aiormq's lock and timeout, two futures, a frame through the
-connection's write queue and a ``send()`` of its own: under py-spy the scan spent 22%
-of its time in those sends and 12% marshalling frames. Here a page's frames are built
+connection's write queue and a ``send()`` of its own, the bulk of the scan's time
+(figures: docs/benchmark.md#a-page-of-commands-in-one-write). Here a page's frames are built
 as bytes (``command_frames``: the publish method frame once per page, a header frame
 from a template, the body) and handed to aiormq's writer as one: a ``send()`` or a few
 for the whole page. Each command still has its own delivery tag and its own confirm,
