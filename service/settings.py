@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.core.default_owners import OwnerRule, parse_owner_rules
-from service.core.dsn import ENCODING_HINT, parse_dsn
+from service.core.dsn import ENCODING_HINT, parse_dsn, split_url
 from service.core.errors import ConfigError
 from service.core.redaction import redact_url as redact_url  # re-exported: other modules import it
 from service.core.redaction import register_url_secrets
@@ -308,16 +308,7 @@ class Settings(_Operators, _Telemetry, _Pipeline, _Connections):
 
 def _check_amqp_url(value: str) -> str:
     """Refuse what aio-pika would misread; never quote the URL (it may hold a password)."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        raise _invalid_url("it cannot be parsed") from None
-    if parts.scheme not in _AMQP_SCHEMES:
-        raise ValueError(f"must start with {' or '.join(s + '://' for s in _AMQP_SCHEMES)}")
-    if "#" in value:
-        raise _invalid_url("a raw #")
-    if "@" in parts.path + parts.query:
-        raise _invalid_url("a raw @ after the host part")
+    parts = split_url(value, _AMQP_SCHEMES)  # a DsnError is a ValueError
     try:
         port = parts.port
     except ValueError:

@@ -121,13 +121,20 @@ def with_database(dsn: str, name: str) -> str:
 
 
 def _split(dsn: str) -> ParseResult:
+    return split_url(dsn, SCHEMES)
+
+
+def split_url(url: str, schemes: tuple[str, ...]) -> ParseResult:
+    """``url``'s parts, or ``DsnError`` (never quoting it: it may hold a password) for what
+    a client library would misread: another scheme, a raw ``#``, a raw ``@`` after the
+    host part."""
     try:
-        parts = urlparse(dsn)
+        parts = urlparse(url)
     except ValueError:
         raise _invalid("it cannot be parsed") from None
-    if parts.scheme not in SCHEMES:
-        raise DsnError(f"must start with {' or '.join(s + '://' for s in SCHEMES)}")
-    if "#" in dsn:
+    if parts.scheme not in schemes:
+        raise DsnError(f"must start with {' or '.join(s + '://' for s in schemes)}")
+    if "#" in url:
         raise _invalid("a raw #")
     if "@" in parts.path or "@" in parts.params or "@" in parts.query:
         raise _invalid("a raw @ after the host part")
