@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
@@ -83,6 +84,30 @@ def command_body(reservation_id: UUID, hold_until: datetime) -> bytes:
     # same bytes json.dumps gives, for less (the scan builds many).
     when = hold_until.isoformat()
     return f'{{"reservation_id":"{reservation_id}","hold_until":"{when}"}}'.encode()
+
+
+# What the guarded update gives the worker (the database adapter fills them in).
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What one guarded update did, and (if it expired the hold) the lag since its deadline
+    and the time since the scan's confirmed publish of it (both by the database's clock)."""
+
+    outcome: Outcome
+    lag_seconds: float | None
+    since_published_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """What the batched update saw and did for one reservation."""
+
+    won: bool
+    lag: float | None
+    status: str | None
+    due: bool
+    since_published: float | None = None
 
 
 def outcome_of(*, won: bool, status: str | None, due: bool) -> Outcome:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import aiormq.exceptions
 
-from service.adapters.amqp.consuming import Incoming
+from service.adapters.amqp.consuming import AmqpMessage
 
 log = logging.getLogger("service.consume")
 
@@ -92,7 +92,7 @@ class Acker:
         self.stuck_after = stuck_after
         self._channels: dict[int, _Channel] = {}
 
-    async def ack(self, message: Incoming) -> None:
+    async def ack(self, message: AmqpMessage) -> None:
         """Ack ``message`` (with its contiguous neighbours); returns once the frame is sent.
 
         Raises ``ChannelInvalidStateError`` when its channel is gone (its tag is
@@ -102,7 +102,7 @@ class Acker:
         self.ack_soon(message, lambda exc: _settle_future(future, exc))
         await future
 
-    def ack_soon(self, message: Incoming, done: Done) -> None:
+    def ack_soon(self, message: AmqpMessage, done: Done) -> None:
         """Ack ``message`` with its neighbours; ``done(None)`` once the frame is sent.
 
         ``done(exc)`` instead when it cannot be (its channel is gone: the broker
@@ -116,7 +116,7 @@ class Acker:
         state.window.ready[message.delivery_tag or 0] = done
         self._wake(state)
 
-    def settled(self, message: Incoming) -> None:
+    def settled(self, message: AmqpMessage) -> None:
         """``message`` was settled alone (a retry, a dead letter, a nack)."""
         try:
             state = self._state(message)
@@ -125,7 +125,7 @@ class Acker:
         state.window.mark_settled(message.delivery_tag or 0)
         self._wake(state)
 
-    def _state(self, message: Incoming) -> _Channel:
+    def _state(self, message: AmqpMessage) -> _Channel:
         channel = message.channel  # raises ChannelInvalidStateError once it is closed
         state = self._channels.get(id(channel))
         if state is None or state.channel is not channel:
@@ -214,22 +214,22 @@ def _settle_future(future: asyncio.Future[None], exc: BaseException | None) -> N
 class Acks(Protocol):
     """How the consumer acks: coalesced (``Acker``) or one at a time (``AckAlone``)."""
 
-    def ack_soon(self, message: Incoming, done: Done) -> None:
+    def ack_soon(self, message: AmqpMessage, done: Done) -> None:
         """Ack ``message``; ``done(None)`` once sent, ``done(exc)`` if it cannot be."""
 
-    def settled(self, message: Incoming) -> None:
+    def settled(self, message: AmqpMessage) -> None:
         """``message`` was settled some other way (a copy acked alone, a reject)."""
 
 
 class AckAlone:
     """One ack frame per delivery (batch size 1: the per-message path)."""
 
-    def ack_soon(self, message: Incoming, done: Done) -> None:
+    def ack_soon(self, message: AmqpMessage, done: Done) -> None:
         """Send this delivery's own ack; ``done`` once it is sent, or with why not."""
         task = asyncio.create_task(message.ack())
         task.add_done_callback(lambda sent: _resolve([done], _failure_of(sent)))
 
-    def settled(self, message: Incoming) -> None:
+    def settled(self, message: AmqpMessage) -> None:
         """Nothing to keep track of."""
 
 

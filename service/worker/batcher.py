@@ -22,8 +22,7 @@ from uuid import UUID
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from service.adapters.postgres import BatchRow, Expiry
-from service.core.domain import duplicate_outcome, outcome_of
+from service.core.domain import BatchRow, Expiry, duplicate_outcome, outcome_of
 from service.core.errors import ServiceError, UnknownReservation
 from service.worker.ports import Store
 

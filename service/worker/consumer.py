@@ -30,9 +30,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from service.adapters import amqp
-from service.adapters.amqp.consuming import Incoming
-from service.adapters.postgres import Expiry
-from service.core.domain import parse_command
+from service.adapters.amqp.consuming import AmqpMessage
+from service.core.domain import Expiry, parse_command
 from service.core.errors import PoisonMessage
 from service.worker.acks import Acks
 from service.worker.batcher import (
@@ -78,7 +77,7 @@ class Consumer:
         self.in_flight = in_flight
         self.tracer = tracer  # None: no tracing, no span per delivery
 
-    async def on_message(self, message: Incoming) -> None:
+    async def on_message(self, message: AmqpMessage) -> None:
         """The broker's callback: route the delivery (it never waits for its handling)."""
         delivery = Delivery.of(message, self.tracer)
         self.in_flight.begin()

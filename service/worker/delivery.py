@@ -14,7 +14,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from service.adapters.amqp.consuming import Incoming
+from service.adapters.amqp.consuming import AmqpMessage
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
@@ -43,7 +43,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def read_attempt(message: Incoming, now_ms: int) -> Attempt:
+def read_attempt(message: AmqpMessage, now_ms: int) -> Attempt:
     """Read the attempt number and first-seen time from our headers (defaults: 1, now),
     and the message id its dead-letter record and crash counter use (one derived from
     the body when the sender set none: the log line and the record name it alike).
@@ -60,7 +60,7 @@ def read_attempt(message: Incoming, now_ms: int) -> Attempt:
     )
 
 
-def attempt_of(message: Incoming) -> Attempt:
+def attempt_of(message: AmqpMessage) -> Attempt:
     """``read_attempt`` now; should it ever fail, a first attempt (the delivery must
     still be handled and settled)."""
     now = now_ms()
@@ -79,7 +79,7 @@ def short_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__} (sqlstate {sqlstate})" if sqlstate else type(exc).__name__
 
 
-def arrival_attributes(message: Incoming, attempt: Attempt) -> dict[str, str | int | bool]:
+def arrival_attributes(message: AmqpMessage, attempt: Attempt) -> dict[str, str | int | bool]:
     """A consumer span's attributes from the start: the messaging semantic conventions'
     and ours (``expiry.*``)."""
     attributes: dict[str, str | int | bool] = {
@@ -127,7 +127,7 @@ class Delivery:
     ``trace_context`` holds it for the batch's span and the delivery's own task.
     """
 
-    message: Incoming
+    message: AmqpMessage
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
@@ -137,7 +137,7 @@ class Delivery:
     stage: Stage = Stage.HANDLING
 
     @classmethod
-    def of(cls, message: Incoming, tracer: trace.Tracer | None) -> Delivery:
+    def of(cls, message: AmqpMessage, tracer: trace.Tracer | None) -> Delivery:
         """A delivery that has just arrived; its consumer span starts when ``tracer``."""
         delivery = cls(message, attempt_of(message), time.monotonic())
         if tracer is None:

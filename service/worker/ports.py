@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractExchange
 from opentelemetry import trace
 
 from service.adapters import amqp, postgres
+from service.core.domain import BatchRow, Expiry
 from service.core.errors import RowLocked
 from service.core.topology import DEAD_ROUTING_KEY, delay_routing_key
 from service.settings import Settings
@@ -33,13 +34,13 @@ class Store(Protocol):
 
     async def expire_many(
         self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
-    ) -> dict[UUID, postgres.BatchRow]:
+    ) -> dict[UUID, BatchRow]:
         """The guarded update for distinct ids, one statement, one commit."""
         ...
 
     async def expire_one(
         self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
-    ) -> postgres.Expiry:
+    ) -> Expiry:
         """The guarded update for one reservation, in a transaction of its own. ``busy``:
         another transaction was holding its row; wait for it only briefly, and raise
         ``RowLocked`` rather than wait for a connection."""
@@ -87,13 +88,13 @@ class PostgresStore:
 
     async def expire_many(
         self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
-    ) -> dict[UUID, postgres.BatchRow]:
+    ) -> dict[UUID, BatchRow]:
         async with self.pool.acquire() as conn:
             return await postgres.expire_batch(conn, ids, message_ids, attempts, worker=self.worker)
 
     async def expire_one(
         self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
-    ) -> postgres.Expiry:
+    ) -> Expiry:
         if busy and self._alone.locked():
             raise RowLocked
         with tracer.start_as_current_span(

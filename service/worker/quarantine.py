@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from uuid import UUID
 
-from service.adapters.postgres import Expiry
+from service.core.domain import Expiry
 from service.core.errors import CrashLoop
 from service.worker.delivery import Delivery
 from service.worker.failpoints import Failpoints

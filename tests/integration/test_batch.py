@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from service.adapters import postgres
-from service.core.domain import Outcome, command_body
+from service.core.domain import Expiry, Outcome, command_body
 from service.core.errors import UnknownReservation
 from service.worker.batcher import Batcher, BatchFallback
 from service.worker.delivery import Attempt
@@ -46,7 +46,7 @@ async def batcher(stack: Stack) -> AsyncIterator[Batcher]:
         await pool.close()
 
 
-async def _submit_all(batcher: Batcher, ids: list[UUID]) -> list[postgres.Expiry | BaseException]:
+async def _submit_all(batcher: Batcher, ids: list[UUID]) -> list[Expiry | BaseException]:
     return await asyncio.gather(
         *(batcher.submit(rid, f"m-{i}", 1) for i, rid in enumerate(ids)), return_exceptions=True
     )
@@ -56,10 +56,10 @@ async def test_duplicates_in_one_batch_make_one_transition(stack: Stack, batcher
     """The same command three times in one batch: expired once, then already-done twice."""
     ids = await insert_holds(stack.database_url, 5)
     results = await _submit_all(batcher, [ids[0], *ids, ids[0], ids[0]])
-    outcomes = [r.outcome for r in results if isinstance(r, postgres.Expiry)]
+    outcomes = [r.outcome for r in results if isinstance(r, Expiry)]
     done = Outcome.ALREADY_DONE
     assert outcomes == [Outcome.EXPIRED, done] + [Outcome.EXPIRED] * 4 + [done, done]
-    assert isinstance(results[0], postgres.Expiry)
+    assert isinstance(results[0], Expiry)
     assert results[0].lag_seconds is not None
     transitions = await transitions_per_reservation(stack.database_url)
     assert transitions == dict.fromkeys(ids, 1)
@@ -74,7 +74,7 @@ async def test_consumed_and_future_holds_in_a_batch_of_due_ones(
     async with pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", due[0])
     results = await _submit_all(batcher, [*due, *future])
-    outcomes = [r.outcome for r in results if isinstance(r, postgres.Expiry)]
+    outcomes = [r.outcome for r in results if isinstance(r, Expiry)]
     assert outcomes == [Outcome.NOT_ELIGIBLE] + [Outcome.EXPIRED] * 3 + [Outcome.NOT_ELIGIBLE] * 2
     assert await statuses(stack.database_url) == {"consumed": 1, "expired": 3, "held": 2}
 
@@ -86,7 +86,7 @@ async def test_unknown_reservation_fails_only_its_own_delivery(
     ids = await insert_holds(stack.database_url, 3)
     results = await _submit_all(batcher, [ids[0], uuid.uuid4(), ids[1], ids[2]])
     assert isinstance(results[1], UnknownReservation)
-    assert [r.outcome for r in results if isinstance(r, postgres.Expiry)] == [Outcome.EXPIRED] * 3
+    assert [r.outcome for r in results if isinstance(r, Expiry)] == [Outcome.EXPIRED] * 3
 
 
 async def test_a_failing_batch_falls_back_to_one_transaction_each(
@@ -129,7 +129,7 @@ async def test_a_locked_row_is_skipped_not_waited_for(stack: Stack, size: int) -
         await batcher.close()
         await pool.close()
     assert isinstance(results[-1], BatchFallback), results
-    outcomes = [r.outcome for r in results[:-1] if isinstance(r, postgres.Expiry)]
+    outcomes = [r.outcome for r in results[:-1] if isinstance(r, Expiry)]
     assert outcomes == [Outcome.EXPIRED] * (size - 1)
     expected = {"expired": size - 1, "consumed": 1}
     assert await statuses(stack.database_url) == {k: n for k, n in expected.items() if n}

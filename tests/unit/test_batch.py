@@ -6,8 +6,7 @@ import uuid
 
 import pytest
 
-from service.adapters.postgres import BatchRow, Expiry
-from service.core.domain import Outcome, duplicate_outcome
+from service.core.domain import BatchRow, Expiry, Outcome, duplicate_outcome
 from service.core.errors import UnknownReservation
 from service.worker.batcher import BatchFallback, Item, settle_items
 

@@ -22,8 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from service.adapters.metrics import Metrics
-from service.adapters.postgres import BatchRow, Expiry
-from service.core.domain import Outcome, command_body
+from service.core.domain import BatchRow, Expiry, Outcome, command_body
 from service.core.errors import PublishNotConfirmed, RowLocked
 from service.settings import Settings
 from service.worker import failures as failures_module

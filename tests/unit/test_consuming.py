@@ -12,7 +12,7 @@ import pytest
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
-from service.adapters.amqp.consuming import Delivered
+from service.adapters.amqp.consuming import FrameMessage
 from service.adapters.amqp.messages import copy_of
 
 
@@ -33,7 +33,7 @@ class FakeChannel:
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-def delivered(channel: FakeChannel, **properties: Any) -> Delivered:
+def delivered(channel: FakeChannel, **properties: Any) -> FrameMessage:
     frame = spec.Basic.Deliver(
         consumer_tag="ctag",
         delivery_tag=7,
@@ -45,7 +45,7 @@ def delivered(channel: FakeChannel, **properties: Any) -> Delivered:
     message = aiormq.abc.DeliveredMessage(
         delivery=frame, header=header, body=b"{}", channel=cast(Any, channel)
     )
-    return Delivered(message)
+    return FrameMessage(message)
 
 
 def test_a_delivery_reads_its_frame_and_properties() -> None:

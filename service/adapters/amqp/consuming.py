@@ -3,7 +3,7 @@
 aio-pika hands each delivery to its callback as an ``IncomingMessage`` (some twenty
 attributes, each set through a checked ``__setattr__``) in a task of its own, on top
 of the task aiormq already runs per delivery, a cost paid on every delivery (figures:
-docs/benchmark.md#the-work-queue-on-aiormq). Here a delivery is ``Delivered``: aiormq's
+docs/benchmark.md#the-work-queue-on-aiormq). Here a message is a ``FrameMessage``: aiormq's
 message, read where it is read (a few slots, the properties looked up only when asked
 for), settled on the channel it came on.
 
@@ -37,9 +37,10 @@ RETRY_SECONDS = 2.0  # between attempts to consume again (the broker cancelled u
 REOPEN_POLL_SECONDS = 0.05  # while the robust channel has not yet replaced a closed one
 
 
-class Incoming(Protocol):
-    """What the consumer reads of a delivery, and how it settles one alone: ``Delivered``,
-    and aio-pika's ``IncomingMessage`` too."""
+class AmqpMessage(Protocol):
+    """A message as the broker delivered it: what the consumer reads of it, and how it
+    settles it alone (``FrameMessage``, and aio-pika's ``IncomingMessage`` too). Its
+    handling is the worker's ``Delivery``."""
 
     @property
     def body(self) -> bytes: ...
@@ -75,8 +76,8 @@ class Incoming(Protocol):
     async def reject(self, requeue: bool = False) -> None: ...
 
 
-class Delivered:
-    """One delivery as aiormq read it (``Incoming``)."""
+class FrameMessage:
+    """One message as aiormq read it off the wire (an ``AmqpMessage``)."""
 
     __slots__ = (
         "_channel",
@@ -151,16 +152,16 @@ class Delivered:
         return self.delivery_tag
 
 
-OnDelivery = Callable[[Delivered], Awaitable[None]]
+OnMessage = Callable[[FrameMessage], Awaitable[None]]
 
 
 class QueueConsumer:
     """``basic.consume`` of one queue on aiormq, kept across reconnects and broker cancels."""
 
-    def __init__(self, channel: AbstractRobustChannel, queue: str, on_delivery: OnDelivery) -> None:
+    def __init__(self, channel: AbstractRobustChannel, queue: str, on_message: OnMessage) -> None:
         self.channel = channel
         self.queue = queue
-        self.on_delivery = on_delivery
+        self.on_message = on_message
         self._underlay: aiormq.abc.AbstractChannel | None = None
         self._tag: str | None = None
         self._cancelled = asyncio.Event()  # the broker cancelled the consumer
@@ -205,7 +206,7 @@ class QueueConsumer:
             await asyncio.sleep(REOPEN_POLL_SECONDS)  # closed, not yet seen by the robust one
 
     async def _deliver(self, message: aiormq.abc.DeliveredMessage) -> None:
-        await self.on_delivery(Delivered(message))
+        await self.on_message(FrameMessage(message))
 
     def _on_cancel(self, frame: spec.Basic.Cancel) -> None:
         if frame.consumer_tag is not None and frame.consumer_tag == self._tag:

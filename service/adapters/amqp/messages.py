@@ -15,7 +15,7 @@ from uuid import UUID
 import aio_pika
 from aio_pika.abc import DeliveryMode
 
-from service.adapters.amqp.consuming import Incoming
+from service.adapters.amqp.consuming import AmqpMessage
 from service.core.domain import command_body, message_id
 
 APP_ID = "expiry-service"
@@ -44,7 +44,7 @@ def command(
     )
 
 
-def copy_of(message: Incoming, headers: Mapping[str, Any]) -> aio_pika.Message:
+def copy_of(message: AmqpMessage, headers: Mapping[str, Any]) -> aio_pika.Message:
     """A delivery published again as a new message: the same body and properties, these
     headers (a fresh message never carries the broker's ``x-death`` or counts unless
     ``headers`` does), persistent; no expiration, user id or priority to trip on."""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
 
 from service.adapters.metrics import BACKLOG_BUCKETS, Backlog
 from service.adapters.postgres.pool import Connection
-from service.core.domain import Outcome, outcome_of
+from service.core.domain import BatchRow, Expiry, outcome_of
 
 # The guarded transition and its audit row, in one statement (so one
 # transaction): only a held reservation whose deadline has passed by the
@@ -51,16 +50,6 @@ EXPIRE_RESERVATION_UNLESS_LOCKED = _EXPIRE_ONE.format(
 
 
 READ_RESERVATION = "SELECT status, hold_until <= now() AS due FROM reservations WHERE id = $1"
-
-
-@dataclass(frozen=True)
-class Expiry:
-    """What one guarded update did, and (if it expired the hold) the lag since its deadline
-    and the time since the scan's confirmed publish of it (both by the database's clock)."""
-
-    outcome: Outcome
-    lag_seconds: float | None
-    since_published_seconds: float | None = None
 
 
 async def expire_reservation(
@@ -128,17 +117,6 @@ SELECT b.id, e.id IS NOT NULL AS won, e.lag, e.since_published, r.status,
   LEFT JOIN expired e ON e.id = b.id
   LEFT JOIN reservations r ON r.id = b.id
 """
-
-
-@dataclass(frozen=True)
-class BatchRow:
-    """What the batched update saw and did for one reservation."""
-
-    won: bool
-    lag: float | None
-    status: str | None
-    due: bool
-    since_published: float | None = None
 
 
 async def expire_batch(
