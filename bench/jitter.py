@@ -34,9 +34,9 @@ from pydantic import ValidationError
 
 from bench.config import DEFAULT_AMQP_URL
 from service.adapters import amqp
+from service.adapters.amqp.declaring import declare_topology, topology_for
 from service.adapters.amqp.management import Management, ManagementUnavailable, url_beside
 from service.adapters.amqp.messages import command_for
-from service.adapters.amqp.topology import declare_topology, topology_for
 from service.adapters.metrics import Metrics
 from service.adapters.sandbox import amqp_user, vhost_created, with_vhost
 from service.cli import positive

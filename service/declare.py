@@ -6,7 +6,7 @@ consumers and the scan start. It is idempotent; a queue or exchange found
 declared otherwise stops it with one line (``TopologyMismatch``).
 
 What the running processes do instead, changing nothing, is
-``service.adapters.amqp.topology.check_topology``.
+``service.adapters.amqp.declaring.check_topology``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import logging
 
 from service.adapters import amqp
-from service.adapters.amqp.topology import declare_topology, topology_for
+from service.adapters.amqp.declaring import declare_topology, topology_for
 from service.cli import run_command
 from service.core.topology import DECLARE_COMMAND, Topology
 from service.settings import Settings

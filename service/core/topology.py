@@ -23,7 +23,7 @@ seconds when it is one (``30s``, the top slot of a tier), else in milliseconds
 (``17143ms``); two tiers that share a slot delay share its queue.
 
 Declaring it (``python -m service.declare``, the deploy's step) and checking
-it (what the running processes do) live in ``service.adapters.amqp.topology``.
+it (what the running processes do) live in ``service.adapters.amqp.declaring``.
 """
 
 from __future__ import annotations

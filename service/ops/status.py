@@ -22,8 +22,8 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
 from service.adapters import postgres
+from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
-from service.adapters.amqp.topology import topology_for
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
 from service.adapters.metrics import Backlog
 from service.adapters.postgres import ownership

@@ -30,8 +30,8 @@ from uuid import UUID
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service.adapters import amqp, postgres
-from service.adapters.amqp.pages import Command, PagePublisher
-from service.adapters.amqp.topology import check_topology
+from service.adapters.amqp.declaring import check_topology
+from service.adapters.amqp.page_publisher import Command, PagePublisher
 from service.adapters.classify import classify
 from service.adapters.gauges import read_gauges
 from service.adapters.metrics import Gauges

@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import amqp, lifecycle, postgres
 from service.adapters.amqp.consuming import QueueConsumer
-from service.adapters.amqp.topology import check_topology
+from service.adapters.amqp.declaring import check_topology
 from service.adapters.gauges import configure, refresh_gauges
 from service.adapters.http import HealthServer
 from service.adapters.metrics import Metrics

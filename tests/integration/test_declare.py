@@ -15,7 +15,7 @@ import aio_pika
 import pytest
 
 from service import scan
-from service.adapters.amqp.topology import topology_for
+from service.adapters.amqp.declaring import topology_for
 from service.core import topology
 from service.core.errors import TopologyMismatch
 from service.declare import declare

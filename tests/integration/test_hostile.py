@@ -23,8 +23,8 @@ import pytest
 from pamqp import commands
 
 from service import deadletters, scan
+from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.returns import REFRESH_AT
-from service.adapters.amqp.topology import topology_for
 from service.core.domain import command_body
 from service.settings import Settings
 from service.worker.failures import REFUSAL_LIMIT

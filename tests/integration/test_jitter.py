@@ -20,8 +20,8 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from service.adapters import amqp
+from service.adapters.amqp.declaring import check_topology, topology_for
 from service.adapters.amqp.messages import command_for
-from service.adapters.amqp.topology import check_topology, topology_for
 from service.adapters.metrics import Metrics
 from service.core import topology
 from service.core.dead_letter import ATTEMPT_HEADER

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.adapters.amqp.topology import topology_for
+from service.adapters.amqp.declaring import topology_for
 from service.core import topology
 from service.settings import Settings
 

@@ -9,7 +9,7 @@ command's start. ``.ci/run`` installs the newest releases the ranges allow and r
 the page and hostile-frame tests on them.
 
 aiormq: checked on 7.2.4, used on >=7.2.4,<7.3 (``AIORMQ``). The page publisher
-(``pages.py``) writes a page of commands as aiormq's ``Channel.basic_publish`` writes
+(``page_publisher.py``) writes a page of commands as aiormq's ``Channel.basic_publish`` writes
 one, on the ``aiormq.Channel`` that aio-pika's ``get_underlay_channel()`` returns. Of
 that channel it uses, beyond ``aiormq.abc.AbstractChannel``:
 

@@ -17,7 +17,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from service.adapters.amqp import internals
-from service.adapters.amqp.pages import (
+from service.adapters.amqp.page_publisher import (
     Command,
     body_frame,
     command_frames,

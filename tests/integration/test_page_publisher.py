@@ -12,8 +12,8 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from service.adapters import amqp
-from service.adapters.amqp import messages, pages
-from service.adapters.amqp.pages import Command, PagePublisher
+from service.adapters.amqp import messages, page_publisher
+from service.adapters.amqp.page_publisher import Command, PagePublisher
 from service.core.domain import command_body, message_id
 from service.core.errors import PublishNotConfirmed
 from service.core.topology import EXCHANGE, QUEUE, ROUTING_KEY
@@ -45,9 +45,9 @@ async def test_a_page_is_confirmed_command_by_command_in_the_contract_format(
     """Every command confirmed, queued in order, persistent JSON with its stable id; the
     same where the channel takes no pages (``basic_publish`` one by one)."""
     if one_by_one:
-        monkeypatch.setattr(pages, "supports_pages", lambda _channel: False)
+        monkeypatch.setattr(page_publisher, "supports_pages", lambda _channel: False)
     else:  # the aiormq of the lock takes pages: this is the path the scan takes
-        assert pages.supports_pages(await channel.get_underlay_channel())
+        assert page_publisher.supports_pages(await channel.get_underlay_channel())
     page = commands(300)
     outcomes = await PagePublisher(channel, EXCHANGE, ROUTING_KEY).publish(page, timeout=10)
     assert outcomes == [None] * len(page)
