@@ -1,4 +1,4 @@
-"""``python -m service.status``: one screen for the on-call (``service/ops/status.py``).
+"""``python -m service.status``: one screen for the on-call (``service/ops/health.py``).
 
 The first line is the verdict, then one line per problem found (what it means,
 what to do), then the figures; ``--json`` carries the same as data. The exit
@@ -17,8 +17,8 @@ import json
 from service.adapters import lifecycle
 from service.cli import run_command
 from service.core.redaction import redact
+from service.ops import health as ops
 from service.ops import screen
-from service.ops import status as ops
 from service.settings import Settings
 
 NAME = "expiry-status"

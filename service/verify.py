@@ -15,7 +15,7 @@ import json
 from service.adapters import lifecycle
 from service.adapters.postgres.schema import schema_state
 from service.cli import run_command
-from service.ops.status import MIGRATE_COMMAND
+from service.ops.health import MIGRATE_COMMAND
 from service.ops.verification import EXIT_NOT_MIGRATED, verify
 from service.settings import Settings
 

@@ -17,7 +17,7 @@ from service.adapters.postgres import console as console_store
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
 from service.ops import dead_letters, screen
-from service.ops import status as ops_status
+from service.ops import health as ops_status
 from service.settings import Settings
 
 PAGE_SIZE = 50

@@ -1,7 +1,7 @@
 """The status as people and machines read it: the text screen, the JSON, and the rows
 the console's overview shows too (the delay queues as one, the passes marked stale or
 failed, why ``expirations.dead`` and the open dead letters differ). What the state is,
-``service/ops/status.py`` decides; this only shows it. Ages for people go through
+``service/ops/health.py`` decides; this only shows it. Ages for people go through
 ``human``; the JSON keeps seconds as numbers.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from service.adapters.postgres.leases import ScanPass
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
-from service.ops.status import RETRY_QUEUES, Problem, QueueState, Status
+from service.ops.health import RETRY_QUEUES, Problem, QueueState, Status
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from service.adapters.amqp import returns
 from service.adapters.amqp.management import Management, ManagementUnavailable
 from service.core import topology
 from service.declare import declare
-from service.ops import status as ops_status
+from service.ops import health as ops_status
 from service.settings import Settings
 from tests.integration.definitions_support import (
     ADMIN_USER,

@@ -1,4 +1,4 @@
-"""The state of a deployment as ``service/ops/status.py`` decides it, and as the screen
+"""The state of a deployment as ``service/ops/health.py`` decides it, and as the screen
 (``service/ops/screen.py``) shows it: pure, no service needed."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from service.adapters.metrics import Backlog
 from service.adapters.postgres.leases import ScanPass
+from service.ops.health import Condition, QueueState, Status
 from service.ops.screen import as_json, dead_letter_note, pass_rows, queue_rows, render
-from service.ops.status import Condition, QueueState, Status
 
 STALL = 25.0
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
