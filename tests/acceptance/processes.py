@@ -12,7 +12,7 @@ from typing import IO
 from tests.support import Endpoints, start_module
 from tests.support import run_module as run
 
-__all__ = ["base_env", "endpoints_env", "run", "start", "stop"]
+__all__ = ["base_env", "endpoints_env", "output_so_far", "run", "start", "stop"]
 
 _LOGS: dict[int, IO[bytes]] = {}
 
@@ -37,6 +37,15 @@ async def start(module: str, *args: str, env: dict[str, str]) -> asyncio.subproc
     process = await start_module(module, *args, env=env, output=log)
     _LOGS[process.pid] = log
     return process
+
+
+def output_so_far(process: asyncio.subprocess.Process) -> str:
+    """What a process started by ``start`` has written so far."""
+    log = _LOGS[process.pid]
+    log.flush()
+    with open(log.fileno(), "rb", closefd=False) as reader:
+        reader.seek(0)
+        return reader.read().decode(errors="replace")
 
 
 async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> tuple[int, str]:

@@ -22,6 +22,7 @@ from uuid import UUID
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -86,10 +87,21 @@ def screenshot(browser: WebDriver, tmp_path: Path, name: str) -> Path:
 
 async def follow(browser: WebDriver, act: Callable[[], object]) -> None:
     """Do ``act`` (a click, a script's form submit), then wait until the page it leads to
-    has replaced this one: what is read next is never the old page's."""
-    old = browser.find_element(By.TAG_NAME, "html")
+    has loaded in place of this one: what is read next is never the old page's. The old
+    page is marked in its own window object, which a new page does not have; questions
+    asked while the browser is between pages are asked again."""
+    browser.execute_script("window.__leaving = true")
     await asyncio.to_thread(act)
-    await asyncio.to_thread(WebDriverWait(browser, 15).until, expected_conditions.staleness_of(old))
+
+    def arrived(driver: WebDriver) -> bool:
+        return bool(
+            driver.execute_script(
+                "return window.__leaving === undefined && document.readyState === 'complete'"
+            )
+        )
+
+    waiting = WebDriverWait(browser, 15, ignored_exceptions=[WebDriverException])
+    await asyncio.to_thread(waiting.until, arrived)
 
 
 def text_of(browser: WebDriver, element_id: str) -> str:

@@ -14,7 +14,7 @@ import aio_pika
 import pytest
 
 from service import produce
-from tests.acceptance.processes import run, start, stop
+from tests.acceptance.processes import output_so_far, run, start, stop
 from tests.proxy import tcp_proxy
 from tests.support import Stack, eventually, insert_holds, pg_connection, queue_depth
 
@@ -155,7 +155,14 @@ async def test_every_exits_on_sigterm_while_the_broker_is_unreachable(
         # silent broker it ends after the publish timeout, here 2 s.
         env = stack.env(AMQP_URL=url, EXPIRY_PUBLISH_TIMEOUT_SECONDS="2")
         scanner = await start("service.produce", "--every", "1", env=env)
-        await asyncio.sleep(3.0)  # connecting (silent), or between failed passes (refused)
+
+        async def failed_once() -> bool:
+            return '"event": "scan.failed"' in output_so_far(scanner)
+
+        # A pass has failed (however slowly the process started); then it is connecting
+        # again (silent) or between failed passes (refused).
+        await eventually(failed_once, timeout=60, every=0.1)
+        await asyncio.sleep(0.5)
         code, output, elapsed = await _terminate(scanner, f"--every, broker {broker}")
     assert code == 0, output
     assert elapsed < STOP_WITHIN_SECONDS
