@@ -22,6 +22,7 @@ from service.console.web import (
     page,
     posted,
     refused,
+    set_cookie,
     set_session_cookie,
 )
 from service.core.durations import human
@@ -48,9 +49,7 @@ def _login_form(request: Request, status: int = 200, **context: Any) -> Response
     token = console.sessions.login_token(login_cookie)
     response = page(request, "login.html", status=status, csrf=token, **context)
     if fresh:
-        response.set_cookie(
-            sessions.LOGIN_COOKIE, login_cookie, httponly=True, samesite="strict", path="/login"
-        )
+        set_cookie(response, sessions.LOGIN_COOKIE, login_cookie, path="/login")
     return response
 
 
@@ -84,13 +83,8 @@ async def login(request: Request) -> Response:
         )
     response = RedirectResponse("/", status_code=303)
     set_session_cookie(response, token)
-    response.set_cookie(
-        sessions.DEVICE_COOKIE,
-        device,
-        max_age=sessions.DEVICE_SECONDS,
-        httponly=True,
-        samesite="strict",
-        path="/login",
+    set_cookie(
+        response, sessions.DEVICE_COOKIE, device, path="/login", max_age=sessions.DEVICE_SECONDS
     )
     return response
 

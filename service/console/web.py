@@ -150,10 +150,17 @@ def refused(request: Request, status: int, why: str) -> Response:
     return page(request, "error.html", status=status, why=why)
 
 
+def set_cookie(
+    response: Response, name: str, value: str, *, path: str = "/", max_age: int | None = None
+) -> None:
+    """One of the console's cookies: for this site's requests only, never read by a
+    script (without ``max_age``, it lasts as long as the browser keeps it)."""
+    response.set_cookie(name, value, max_age=max_age, httponly=True, samesite="strict", path=path)
+
+
 def set_session_cookie(response: Response, token: str) -> None:
-    """The session's cookie: for this site's requests only, never read by a script; it
-    lasts as long as the browser keeps it, the server ends the session itself."""
-    response.set_cookie(sessions.SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
+    """The session's cookie (the server ends the session itself)."""
+    set_cookie(response, sessions.SESSION_COOKIE, token)
 
 
 Handler = Callable[[Request, str], Awaitable[Response]]
