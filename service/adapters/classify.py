@@ -50,6 +50,20 @@ _DB_UNAVAILABLE = (
 )
 _BROKER = (aiormq.exceptions.AMQPError, PublishNotConfirmed)
 
+# In order, the first that matches wins (SQLSTATE-specific before the catch-all
+# ``PostgresError``; a refused connection's ``OSError`` after the broker's).
+_Kinds = type[BaseException] | tuple[type[BaseException], ...]
+_RULES: tuple[tuple[_Kinds, Disposition, str], ...] = (
+    (UnknownReservation, Disposition.PERMANENT, UNKNOWN_RESERVATION),
+    (CrashLoop, Disposition.PERMANENT, CONSUMER_CRASH),
+    (_DB_DATA, Disposition.PERMANENT, DB_DATA),
+    (_DB_CONFLICT, Disposition.TRANSIENT, DB_CONFLICT),
+    (_DB_TIMEOUT, Disposition.TRANSIENT, DB_TIMEOUT),
+    (_BROKER, Disposition.TRANSIENT, BROKER_UNAVAILABLE),
+    (_DB_UNAVAILABLE, Disposition.TRANSIENT, DB_UNAVAILABLE),
+    (asyncpg.PostgresError, Disposition.TRANSIENT, DB_ERROR),
+)
+
 
 def classify(exc: BaseException) -> tuple[Disposition, str]:
     """Map an exception to its disposition and a stable error class name.
@@ -58,22 +72,9 @@ def classify(exc: BaseException) -> tuple[Disposition, str]:
     """
     if isinstance(exc, PoisonMessage):
         return Disposition.PERMANENT, exc.error_class
-    if isinstance(exc, UnknownReservation):
-        return Disposition.PERMANENT, UNKNOWN_RESERVATION
-    if isinstance(exc, CrashLoop):
-        return Disposition.PERMANENT, CONSUMER_CRASH
-    if isinstance(exc, _DB_DATA):
-        return Disposition.PERMANENT, DB_DATA
-    if isinstance(exc, _DB_CONFLICT):
-        return Disposition.TRANSIENT, DB_CONFLICT
-    if isinstance(exc, _DB_TIMEOUT):
-        return Disposition.TRANSIENT, DB_TIMEOUT
-    if isinstance(exc, _BROKER):
-        return Disposition.TRANSIENT, BROKER_UNAVAILABLE
-    if isinstance(exc, _DB_UNAVAILABLE):
-        return Disposition.TRANSIENT, DB_UNAVAILABLE
-    if isinstance(exc, asyncpg.PostgresError):
-        return Disposition.TRANSIENT, DB_ERROR
+    for kinds, disposition, error_class in _RULES:
+        if isinstance(exc, kinds):
+            return disposition, error_class
     return Disposition.TRANSIENT, UNEXPECTED
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from aio_pika.abc import AbstractRobustConnection
 from opentelemetry.sdk.metrics import MeterProvider
@@ -23,36 +24,41 @@ from service.settings import Settings
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
 @contextlib.asynccontextmanager
-async def database(settings: Settings, *, name: str) -> AsyncIterator[postgres.PlainConnection]:
+async def _closed_at_end(opening: Awaitable[C]) -> AsyncIterator[C]:
+    opened = await opening
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def database(
+    settings: Settings, *, name: str
+) -> contextlib.AbstractAsyncContextManager[postgres.PlainConnection]:
     """One PostgreSQL connection (``application_name`` ``name``), closed at the end."""
-    conn = await postgres.connect(settings, application_name=name)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+    return _closed_at_end(postgres.connect(settings, application_name=name))
 
 
-@contextlib.asynccontextmanager
-async def database_pool(
+def database_pool(
     settings: Settings, *, name: str, size: int
-) -> AsyncIterator[postgres.Pool]:
+) -> contextlib.AbstractAsyncContextManager[postgres.Pool]:
     """A PostgreSQL pool of at most ``size`` connections, closed at the end."""
-    pool = await postgres.create_pool(settings, application_name=name, size=size)
-    try:
-        yield pool
-    finally:
-        await pool.close()
+    return _closed_at_end(postgres.create_pool(settings, application_name=name, size=size))
 
 
-@contextlib.asynccontextmanager
-async def broker(settings: Settings, *, name: str) -> AsyncIterator[AbstractRobustConnection]:
+def broker(
+    settings: Settings, *, name: str
+) -> contextlib.AbstractAsyncContextManager[AbstractRobustConnection]:
     """A robust connection to the first node of ``AMQP_URL`` that answers, closed at the end."""
-    connection = await amqp.connect(settings, name=name)
-    try:
-        yield connection
-    finally:
-        await connection.close()
+    return _closed_at_end(amqp.connect(settings, name=name))
 
 
 @contextlib.contextmanager

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -51,11 +52,28 @@ def _meter(meter: Meter | None) -> Meter:
     return meter or metrics.get_meter("service")
 
 
-def _gauge(meter: Meter, name: str, unit: str, description: str, read: Callable[[], float]) -> None:
-    def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(read())
+Observe = Callable[["Gauges", CallbackOptions], Iterable[Observation]]
 
-    meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=description)
+
+def _value(read: Callable[[Gauges], float | None]) -> Observe:
+    """One unlabelled observation, none while the value is unknown (``None``)."""
+
+    def observe(gauges: Gauges, _options: CallbackOptions) -> Iterable[Observation]:
+        value = read(gauges)
+        if value is not None:
+            yield Observation(value)
+
+    return observe
+
+
+def _by(label: str, read: Callable[[Gauges], Mapping[str, int] | None]) -> Observe:
+    """One observation a key, labelled ``label``; none while unknown (``None``)."""
+
+    def observe(gauges: Gauges, _options: CallbackOptions) -> Iterable[Observation]:
+        for key, count in (read(gauges) or {}).items():
+            yield Observation(count, {label: key})
+
+    return observe
 
 
 class Gauges:
@@ -71,84 +89,69 @@ class Gauges:
         self.objective_seconds = 0.0
         self.drift_tolerance_seconds = 0.0
         self.dead_letter_age_objective_seconds = 0.0
-        _gauge(
-            meter,
-            "expiry.oldest_due_age",
-            "s",
-            "Age of the oldest due held reservation",
-            lambda: self.backlog.oldest_due_age_seconds,
-        )
-        meter.create_observable_gauge(
-            "expiry.backlog",
-            callbacks=[self._observe_backlog],
-            unit="{reservation}",
-            description="Due held reservations by deadline age",
-        )
-        meter.create_observable_gauge(
-            "expiry.clock.drift",
-            callbacks=[self._observe_drift],
-            unit="s",
-            description="This worker's clock minus the database's (positive: the worker is ahead)",
-        )
-        meter.create_observable_gauge(
-            "expiry.dead_letters.open",
-            callbacks=[self._observe_dead_letters],
-            unit="{dead_letter}",
-            description="Dead letters not replayed, by error class",
-        )
-        meter.create_observable_gauge(
-            "expiry.dead_letters.unowned",
-            callbacks=[self._observe_unowned],
-            unit="{dead_letter}",
-            description="Open dead letters that nobody owns",
-        )
-        meter.create_observable_gauge(
-            "expiry.oldest_open_dead_letter_age",
-            callbacks=[self._observe_oldest_open],
-            unit="s",
-            description="Since the oldest open dead letter was last dead-lettered (0: none open)",
-        )
-        _gauge(
-            meter,
-            "expiry.dead_letter_age_objective",
-            "s",
-            "EXPIRY_DEAD_LETTER_AGE_OBJECTIVE_SECONDS: how long a dead letter may stay open",
-            lambda: self.dead_letter_age_objective_seconds,
-        )
-        _gauge(
-            meter,
-            "expiry.oldest_due_objective",
-            "s",
-            "EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS: the oldest due hold's age must stay below it",
-            lambda: self.objective_seconds,
-        )
-        _gauge(
-            meter,
-            "expiry.clock.drift_tolerance",
-            "s",
-            "EXPIRY_CLOCK_DRIFT_TOLERANCE_SECONDS: how far a worker's clock may be off",
-            lambda: self.drift_tolerance_seconds,
-        )
+        for name, unit, description, observe in GAUGES:
+            meter.create_observable_gauge(
+                name, callbacks=[partial(observe, self)], unit=unit, description=description
+            )
 
-    def _observe_backlog(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for bucket, count in self.backlog.by_bucket.items():
-            yield Observation(count, {"age": bucket})
 
-    def _observe_drift(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if self.clock_drift_seconds is not None:
-            yield Observation(self.clock_drift_seconds)
-
-    def _observe_dead_letters(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for error_class, count in (self.open_dead_letters or {}).items():
-            yield Observation(count, {"error_class": error_class})
-
-    def _observe_unowned(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if self.unowned_dead_letters is not None:
-            yield Observation(self.unowned_dead_letters)
-
-    def _observe_oldest_open(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if self.oldest_open_dead_letter_age_seconds is not None:
-            yield Observation(self.oldest_open_dead_letter_age_seconds)
+# Every gauge: (name, unit, description, how it reads a ``Gauges``).
+GAUGES: tuple[tuple[str, str, str, Observe], ...] = (
+    (
+        "expiry.oldest_due_age",
+        "s",
+        "Age of the oldest due held reservation",
+        _value(lambda g: g.backlog.oldest_due_age_seconds),
+    ),
+    (
+        "expiry.backlog",
+        "{reservation}",
+        "Due held reservations by deadline age",
+        _by("age", lambda g: g.backlog.by_bucket),
+    ),
+    (
+        "expiry.clock.drift",
+        "s",
+        "This worker's clock minus the database's (positive: the worker is ahead)",
+        _value(lambda g: g.clock_drift_seconds),
+    ),
+    (
+        "expiry.dead_letters.open",
+        "{dead_letter}",
+        "Dead letters not replayed, by error class",
+        _by("error_class", lambda g: g.open_dead_letters),
+    ),
+    (
+        "expiry.dead_letters.unowned",
+        "{dead_letter}",
+        "Open dead letters that nobody owns",
+        _value(lambda g: g.unowned_dead_letters),
+    ),
+    (
+        "expiry.oldest_open_dead_letter_age",
+        "s",
+        "Since the oldest open dead letter was last dead-lettered (0: none open)",
+        _value(lambda g: g.oldest_open_dead_letter_age_seconds),
+    ),
+    (
+        "expiry.dead_letter_age_objective",
+        "s",
+        "EXPIRY_DEAD_LETTER_AGE_OBJECTIVE_SECONDS: how long a dead letter may stay open",
+        _value(lambda g: g.dead_letter_age_objective_seconds),
+    ),
+    (
+        "expiry.oldest_due_objective",
+        "s",
+        "EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS: the oldest due hold's age must stay below it",
+        _value(lambda g: g.objective_seconds),
+    ),
+    (
+        "expiry.clock.drift_tolerance",
+        "s",
+        "EXPIRY_CLOCK_DRIFT_TOLERANCE_SECONDS: how far a worker's clock may be off",
+        _value(lambda g: g.drift_tolerance_seconds),
+    ),
+)
 
 
 # The attributes of each outcome, made once (the SDK reads them on every call).
@@ -303,12 +306,11 @@ class ScanMetrics:
             unit="s",
             description="When a scan pass last succeeded (Unix time)",
         )
-        _gauge(
-            meter,
+        meter.create_observable_gauge(
             "expiry.scan.interval",
-            "s",
-            "produce --every: seconds from the start of one pass to the next",
-            lambda: self.interval_seconds,
+            callbacks=[self._observe_interval],
+            unit="s",
+            description="produce --every: seconds from the start of one pass to the next",
         )
 
     def passed(
@@ -324,3 +326,6 @@ class ScanMetrics:
     def _observe_last_success(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.last_success is not None:
             yield Observation(self.last_success)
+
+    def _observe_interval(self, _options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(self.interval_seconds)

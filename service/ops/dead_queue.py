@@ -61,21 +61,15 @@ def removable(copy: Copy, record: asyncpg.Record | Mapping[str, Any] | None) -> 
     )
 
 
+@dataclass(eq=False)
 class DeadQueue:
     """``expirations.dead`` for one walk: a channel to take from, a confirm channel to
     republish and give back on."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        queue: AbstractQueue,
-        exchange: AbstractExchange,
-        dead_exchange: AbstractExchange,
-    ) -> None:
-        self.settings = settings
-        self.queue = queue
-        self.exchange = exchange
-        self.dead_exchange = dead_exchange
+    settings: Settings
+    queue: AbstractQueue
+    exchange: AbstractExchange
+    dead_exchange: AbstractExchange
 
     @classmethod
     @contextlib.asynccontextmanager

@@ -103,22 +103,15 @@ async def replay(
     return results
 
 
+@dataclass(eq=False)
 class Replayer:
     """Republishes dead letters with confirms, then removes and audits them."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        conn: postgres.Connection,
-        dead: DeadQueue,
-        actor: postgres.Actor,
-        expectations: dict[int, str],
-    ) -> None:
-        self.settings = settings
-        self.conn = conn
-        self.dead = dead
-        self.actor = actor
-        self.expectations = expectations
+    settings: Settings
+    conn: postgres.Connection
+    dead: DeadQueue
+    actor: postgres.Actor
+    expectations: dict[int, str]
 
     async def from_queue(self, wanted: dict[str, Row]) -> list[ReplayResult]:
         """Take each message of the dead queue once: replay the first copy of each wanted

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -51,31 +52,19 @@ from service.worker.quarantine import Quarantine
 from service.worker.reporting import Reporter
 
 
+@dataclass(eq=False, kw_only=True)
 class Consumer:
     """Routes each delivery of ``expirations`` to its one way of ending."""
 
-    def __init__(
-        self,
-        *,
-        batcher: Batcher,
-        store: Store,
-        quarantine: Quarantine,
-        failures: Failures,
-        acks: Acks,
-        reporter: Reporter,
-        failpoints: Failpoints,
-        in_flight: InFlight,
-        tracer: trace.Tracer | None = None,
-    ) -> None:
-        self.batcher = batcher
-        self.store = store
-        self.quarantine = quarantine
-        self.failures = failures
-        self.acks = acks
-        self.reporter = reporter
-        self.failpoints = failpoints
-        self.in_flight = in_flight
-        self.tracer = tracer  # None: no tracing, no span per delivery
+    batcher: Batcher
+    store: Store
+    quarantine: Quarantine
+    failures: Failures
+    acks: Acks
+    reporter: Reporter
+    failpoints: Failpoints
+    in_flight: InFlight
+    tracer: trace.Tracer | None = None  # None: no tracing, no span per delivery
 
     async def on_message(self, message: AmqpMessage) -> None:
         """The broker's callback: route the delivery (it never waits for its handling)."""

@@ -147,21 +147,15 @@ def supports_pages(channel: object) -> TypeGuard[aiormq.Channel]:
     )
 
 
+@dataclass(eq=False)
 class PagePublisher:
     """Pages of commands to one exchange and routing key, on a confirm channel of a
     robust connection (the aiormq channel under it at the time of each page)."""
 
-    def __init__(
-        self,
-        channel: AbstractChannel,
-        exchange: str,
-        routing_key: str,
-        tracer: trace.Tracer | None = None,
-    ) -> None:
-        self.channel = channel
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.tracer = tracer
+    channel: AbstractChannel
+    exchange: str
+    routing_key: str
+    tracer: trace.Tracer | None = None
 
     async def publish(self, commands: Sequence[Command], *, timeout: float) -> list[str | None]:
         """Publish ``commands`` (mandatory, persistent) and wait at most ``timeout`` seconds,
