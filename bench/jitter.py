@@ -111,7 +111,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 class TimedPublisher(AmqpPublisher):
-    """The consumer's publisher, noting when each retry copy was confirmed and where it went."""
+    """The consumer's publisher, noting when each retry copy was confirmed and where it went
+    (``tests/integration/test_jitter.py`` times its burst with it too)."""
 
     def __init__(
         self, retry_exchange: AbstractExchange, dead_exchange: AbstractExchange, timeout: float

@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -134,29 +134,19 @@ def total_cpu(before: Sequence[Usage], after: Sequence[Usage]) -> float:
     return sum(b.cpu_seconds - a.cpu_seconds for a, b in zip(before, after, strict=True))
 
 
+@dataclass(eq=False)  # a runner, not a value: compared and hashed by identity
 class Bench:
     """Runs the measurements in the sandbox (its database, its vhost, its processes)."""
 
-    def __init__(
-        self,
-        options: Options,
-        conn: db.Connection,
-        probe: Probe,
-        procs: Processes,
-        amqp_url: str,
-        servers: cpu.Servers,
-        say: Callable[[str], None],
-        database_url: str,
-    ) -> None:
-        self.options = options
-        self.conn = conn
-        self.database_url = database_url
-        self.probe = probe
-        self.procs = procs
-        self.amqp_url = amqp_url
-        self.servers = servers
-        self.say = say
-        self._runs = 0
+    options: Options
+    conn: db.Connection
+    probe: Probe
+    procs: Processes
+    amqp_url: str
+    servers: cpu.Servers
+    say: Callable[[str], None]
+    database_url: str
+    _runs: int = field(default=0, init=False, repr=False)
 
     def _name(self, what: str) -> str:
         self._runs += 1

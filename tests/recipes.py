@@ -1,6 +1,7 @@
 """Recipes several tests share: the consumer's database behind a proxy the test cuts,
 and a consumer running while it is cut (``seeding.py``, the fault, telemetry and
-hostile-input tests); a setting refused in one line (the settings' unit tests)."""
+hostile-input tests); a consumer running beside a transaction the test holds open
+(the batch, pipeline and fault tests)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import pytest
+import asyncpg
+from asyncpg.transaction import Transaction
 
-from service.core.errors import ConfigError
 from service.scan import scan_once
-from service.settings import Settings, load_settings
+from service.settings import Settings
 from tests.proxy import TcpProxy, tcp_proxy
-from tests.support import Stack, running_consumer, wait_for_consumers
+from tests.support import Stack, attached_consumer, pg_connection
 
 
 @dataclass(frozen=True)
@@ -42,21 +43,33 @@ async def consumer_cut_off(
     """A consumer on ``database``'s settings, attached to the work queue; then its
     database cut and, with ``scan``, the due holds published by a scan that reaches the
     database directly. Stopped on leaving, as SIGTERM would."""
-    async with running_consumer(database.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with attached_consumer(stack, database.settings) as task:
         database.proxy.cut()
         if scan:
             await scan_once(stack.settings)
         yield task
 
 
-def assert_refused_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
-) -> None:
-    """With ``name`` set to ``value``, ``load_settings`` raises one ``ConfigError`` line
-    that starts with ``message``."""
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError) as caught:
-        load_settings()
-    assert str(caught.value).startswith(message)
-    assert "\n" not in str(caught.value)
+class HeldOpen(NamedTuple):
+    """The test's own connection, the transaction it holds open there, and the consumer."""
+
+    connection: asyncpg.Connection[asyncpg.Record]
+    transaction: Transaction
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def consumer_beside_a_transaction(
+    stack: Stack, settings: Settings
+) -> AsyncIterator[HeldOpen]:
+    """A consumer on ``settings``, attached to the work queue, and a connection of the
+    test's own to the stack's database with a transaction started, which the test
+    commits or rolls back. On leaving, the consumer stops (as SIGTERM would), then
+    the connection closes."""
+    async with (
+        pg_connection(stack.database_url) as connection,
+        attached_consumer(stack, settings) as task,
+    ):
+        transaction = connection.transaction()
+        await transaction.start()
+        yield HeldOpen(connection, transaction, task)

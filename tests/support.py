@@ -351,3 +351,15 @@ async def wait_for_consumers(
             return False
 
     await eventually(attached, timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def attached_consumer(
+    stack: Stack, settings: Settings | None = None, **options: Any
+) -> AsyncIterator[asyncio.Task[None]]:
+    """``running_consumer`` on ``settings`` (by default the stack's) with ``options``, once
+    it is attached to the stack's work queue."""
+    settings = stack.settings if settings is None else settings
+    async with running_consumer(settings, **options) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        yield task

@@ -11,19 +11,8 @@ import pytest
 
 from service.adapters.postgres.schema import load_migrations
 from service.core.domain import command_body
+from tests import support
 from tests.acceptance.processes import base_env, run, start, stop
-from tests.support import (
-    Stack,
-    drain_queue,
-    eventually,
-    insert_holds,
-    pg_connection,
-    publish_raw,
-    queue_depth,
-    statuses,
-    transitions_per_reservation,
-    wait_for_consumers,
-)
 
 pytestmark = pytest.mark.acceptance
 
@@ -61,9 +50,9 @@ def test_bad_configuration_is_one_line_naming_the_setting(
     assert "hunter2" not in result.stderr
 
 
-async def test_migrate_from_two_processes_at_once(stack: Stack) -> None:
+async def test_migrate_from_two_processes_at_once(stack: support.Stack) -> None:
     """Two concurrent migrations both succeed and leave each version recorded once."""
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     env = stack.env()
     first, second = await asyncio.gather(
@@ -71,23 +60,23 @@ async def test_migrate_from_two_processes_at_once(stack: Stack) -> None:
         asyncio.to_thread(run, "service.migrate", env=env),
     )
     assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         versions = await conn.fetch("SELECT version FROM schema_migrations ORDER BY 1")
     assert [v["version"] for v in versions] == [m.version for m in load_migrations()]
     assert len(versions) >= 2
 
 
-async def test_scan_and_two_consumers_end_to_end(stack: Stack) -> None:
+async def test_scan_and_two_consumers_end_to_end(stack: support.Stack) -> None:
     """Scan plus two consumer processes: every due hold expires once; SIGTERM exits 0."""
-    due = await insert_holds(stack.database_url, 2000)
-    await insert_holds(stack.database_url, 100, due_in=3600)
+    due = await support.insert_holds(stack.database_url, 2000)
+    await support.insert_holds(stack.database_url, 100, due_in=3600)
     env = stack.env()
     consumers = [await start("service.consume", env=env) for _ in range(2)]
-    await wait_for_consumers(stack.amqp_url, 2)
+    await support.wait_for_consumers(stack.amqp_url, 2)
     scan = run("service.produce", "--scan", env=env)
     assert scan.returncode == 0, scan.stderr
     assert "published 2000 command(s)" in scan.stdout
-    await eventually(lambda: _expired(stack, len(due)), timeout=120)
+    await support.eventually(lambda: _expired(stack, len(due)), timeout=120)
     summaries = []
     for process in consumers:
         code, err = await stop(process)
@@ -99,59 +88,63 @@ async def test_scan_and_two_consumers_end_to_end(stack: Stack) -> None:
         summaries += [e for e in events if e["event"] == "expiry.summary"]
     assert sum(s["expired"] for s in summaries) == len(due)
     assert sum(s["deliveries"] for s in summaries) >= len(due)
-    transitions = await transitions_per_reservation(stack.database_url)
+    transitions = await support.transitions_per_reservation(stack.database_url)
     assert set(transitions) == set(due)
     assert set(transitions.values()) == {1}
-    assert (await statuses(stack.database_url))["held"] == 100
-    assert await queue_depth(stack.amqp_url, "expirations") == 0
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert (await support.statuses(stack.database_url))["held"] == 100
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
 
 
-async def _expired(stack: Stack, count: int) -> bool:
-    return (await statuses(stack.database_url)).get("expired", 0) == count
+async def _expired(stack: support.Stack, count: int) -> bool:
+    return (await support.statuses(stack.database_url)).get("expired", 0) == count
 
 
-async def test_consumer_killed_after_commit_before_ack(stack: Stack) -> None:
+async def test_consumer_killed_after_commit_before_ack(stack: support.Stack) -> None:
     """A crash between commit and ack: redelivery finds it already done; one transition."""
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     crashing = await start("service.consume", env=stack.env(EXPIRY_FAILPOINT="exit-after-commit"))
-    await wait_for_consumers(stack.amqp_url, 1)
+    await support.wait_for_consumers(stack.amqp_url, 1)
     assert run("service.produce", "--scan", env=stack.env()).returncode == 0
     code, _ = await stop(crashing, signal.SIGCONT)  # exits by itself at the failpoint
     assert code == 137
-    assert await statuses(stack.database_url) == {"expired": 1}  # committed...
-    assert await queue_depth(stack.amqp_url, "expirations") == 1  # ...but never acked
+    assert await support.statuses(stack.database_url) == {"expired": 1}  # committed...
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 1  # ...but never acked
 
     survivor = await start("service.consume", env=stack.env(EXPIRY_LOG_LEVEL="DEBUG"))
-    await eventually(lambda: _depth_is(stack, 0))
+    await support.eventually(lambda: _depth_is(stack, 0))
     code, err = await stop(survivor)
     assert code == 0, err
     outcomes = [json.loads(line) for line in err.splitlines() if '"expiry.outcome"' in line]
     assert [(o["outcome"], o["redelivered"]) for o in outcomes] == [("already-done", True)]
-    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
+    assert await support.transitions_per_reservation(stack.database_url) == {rid: 1}
 
 
-async def _depth_is(stack: Stack, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, "expirations") == depth
+async def _depth_is(stack: support.Stack, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, "expirations") == depth
 
 
-async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(stack: Stack) -> None:
+async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(
+    stack: support.Stack,
+) -> None:
     """SIGTERM while every prefetched delivery is mid-update: all finish, exit 0, none dead.
 
     The updates wait on a table lock (maintenance holding ``reservations``, say): a row
     lock would not hold them, a batch skips locked rows."""
-    ids = await insert_holds(stack.database_url, 20)
+    ids = await support.insert_holds(stack.database_url, 20)
     env = stack.env(EXPIRY_PREFETCH="20", EXPIRY_LOCK_TIMEOUT_MS="30000")
     consumer = await start("service.consume", env=env)
-    await wait_for_consumers(stack.amqp_url, 1)
-    async with pg_connection(stack.database_url) as support:
-        tx = support.transaction()
+    await support.wait_for_consumers(stack.amqp_url, 1)
+    async with support.pg_connection(stack.database_url) as holder:
+        tx = holder.transaction()
         await tx.start()
-        rows = await support.fetch(
+        rows = await holder.fetch(
             "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
         )
-        await support.execute("LOCK TABLE reservations IN SHARE MODE")
-        await publish_raw(stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows])
+        await holder.execute("LOCK TABLE reservations IN SHARE MODE")
+        await support.publish_raw(
+            stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows]
+        )
         await asyncio.sleep(1.0)  # all 20 deliveries are now waiting on the table lock
         consumer.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.0)
@@ -159,14 +152,16 @@ async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(stack: 
         await tx.commit()
     code, err = await stop(consumer)
     assert code == 0, err
-    assert await statuses(stack.database_url) == {"expired": 20}
-    assert await queue_depth(stack.amqp_url, "expirations") == 0
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert await support.statuses(stack.database_url) == {"expired": 20}
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
 
 
-async def test_scan_with_the_broker_down_exits_non_zero_and_records_nothing(stack: Stack) -> None:
+async def test_scan_with_the_broker_down_exits_non_zero_and_records_nothing(
+    stack: support.Stack,
+) -> None:
     """No broker: exit 1 with a one-line reason (password redacted); no lease recorded."""
-    await insert_holds(stack.database_url, 5)
+    await support.insert_holds(stack.database_url, 5)
     env = stack.env(AMQP_URL="amqp://guest:s3cret@127.0.0.1:1/")
     result = run("service.produce", "--scan", env=env)
     assert result.returncode == 1
@@ -175,11 +170,11 @@ async def test_scan_with_the_broker_down_exits_non_zero_and_records_nothing(stac
     assert "RabbitMQ at amqp://guest:***@127.0.0.1:1/" in reason
     assert "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
 
 
-async def test_scan_with_the_database_down_exits_non_zero(stack: Stack) -> None:
+async def test_scan_with_the_database_down_exits_non_zero(stack: support.Stack) -> None:
     """No database: exit 1 with a one-line reason, and nothing published."""
     env = stack.env(DATABASE_URL="postgresql://postgres:s3cret@127.0.0.1:1/nowhere")
     result = run("service.produce", "--scan", env=env)
@@ -187,30 +182,34 @@ async def test_scan_with_the_database_down_exits_non_zero(stack: Stack) -> None:
     assert "cannot reach PostgreSQL at" in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
-    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 0
 
 
-async def test_scan_on_a_timer_picks_up_new_holds_and_stops_on_sigterm(stack: Stack) -> None:
+async def test_scan_on_a_timer_picks_up_new_holds_and_stops_on_sigterm(
+    stack: support.Stack,
+) -> None:
     """--every keeps scanning: holds inserted later are published; SIGTERM exits 0."""
     scanner = await start("service.produce", "--every", "0.5", env=stack.env())
-    await insert_holds(stack.database_url, 10)
-    await eventually(lambda: _leases_are(stack, 10))
-    await insert_holds(stack.database_url, 5)
-    await eventually(lambda: _leases_are(stack, 15))
+    await support.insert_holds(stack.database_url, 10)
+    await support.eventually(lambda: _leases_are(stack, 10))
+    await support.insert_holds(stack.database_url, 5)
+    await support.eventually(lambda: _leases_are(stack, 15))
     code, output = await stop(scanner)
     assert code == 0, output
-    assert await queue_depth(stack.amqp_url, "expirations") == 15
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 15
 
 
-async def _leases_are(stack: Stack, count: int) -> bool:
-    async with pg_connection(stack.database_url) as conn:
+async def _leases_are(stack: support.Stack, count: int) -> bool:
+    async with support.pg_connection(stack.database_url) as conn:
         return bool(await conn.fetchval("SELECT count(*) FROM publish_leases") == count)
 
 
-async def test_a_command_that_kills_its_consumer_is_dead_lettered_alone(stack: Stack) -> None:
+async def test_a_command_that_kills_its_consumer_is_dead_lettered_alone(
+    stack: support.Stack,
+) -> None:
     """A message that kills every consumer handling it ends dead after a few crashes;
     its prefetch neighbours, returned with it each time, all expire and none is dead."""
-    ids = await insert_holds(stack.database_url, 60)
+    ids = await support.insert_holds(stack.database_url, 60)
     poison = ids[10]
     env = stack.env(EXPIRY_FAILPOINT=f"exit-on:{poison}", EXPIRY_PREFETCH="100")
     assert run("service.produce", "--scan", env=stack.env()).returncode == 0
@@ -218,7 +217,9 @@ async def test_a_command_that_kills_its_consumer_is_dead_lettered_alone(stack: S
     async with asyncio.timeout(120):
         while True:  # a supervisor restarting the consumer, as a container platform would
             consumer = await start("service.consume", env=env)
-            await eventually(functools.partial(_exited_or_settled, stack, consumer), timeout=60)
+            await support.eventually(
+                functools.partial(_exited_or_settled, stack, consumer), timeout=60
+            )
             if consumer.returncode is None:
                 code, output = await stop(consumer)
                 assert code == 0, output
@@ -227,21 +228,21 @@ async def test_a_command_that_kills_its_consumer_is_dead_lettered_alone(stack: S
             assert code == 137
             crashes += 1
     assert crashes <= 4
-    assert await statuses(stack.database_url) == {"expired": 59, "held": 1}
-    await eventually(lambda: _dead_is(stack, 1))
-    dead = await drain_queue(stack.amqp_url, "expirations.dead")
+    assert await support.statuses(stack.database_url) == {"expired": 59, "held": 1}
+    await support.eventually(lambda: _dead_is(stack, 1))
+    dead = await support.drain_queue(stack.amqp_url, "expirations.dead")
     assert [m.headers["x-expiry-error-class"] for m in dead] == ["consumer-crash"]
     assert str(poison) in dead[0].body.decode()
 
 
-async def _exited_or_settled(stack: Stack, consumer: asyncio.subprocess.Process) -> bool:
+async def _exited_or_settled(stack: support.Stack, consumer: asyncio.subprocess.Process) -> bool:
     return consumer.returncode is not None or await _settled(stack, 59)
 
 
-async def _settled(stack: Stack, expired: int) -> bool:
-    done = (await statuses(stack.database_url)).get("expired", 0) == expired
-    return done and await queue_depth(stack.amqp_url, "expirations.dead") == 1
+async def _settled(stack: support.Stack, expired: int) -> bool:
+    done = (await support.statuses(stack.database_url)).get("expired", 0) == expired
+    return done and await support.queue_depth(stack.amqp_url, "expirations.dead") == 1
 
 
-async def _dead_is(stack: Stack, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, "expirations.dead") == depth
+async def _dead_is(stack: support.Stack, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, "expirations.dead") == depth

@@ -34,6 +34,7 @@ from service.core import topology
 from service.declare import declare
 from service.ops import health as ops_status
 from service.settings import Settings
+from tests import support
 from tests.integration.definitions_support import (
     ADMIN_USER,
     CONSUMER_USER,
@@ -58,20 +59,6 @@ from tests.integration.definitions_support import (
     with_credentials,
 )
 from tests.proxy import tcp_proxy
-from tests.support import (
-    RUN_ID,
-    Stack,
-    consumer_count,
-    eventually,
-    insert_holds,
-    missing,
-    pg_connection,
-    publish_raw,
-    queue_depth,
-    running_consumer,
-    statuses,
-    wait_for_consumers,
-)
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +81,7 @@ RUNNING_USERS = (CONSUMER_USER, SCAN_USER, OPERATOR_USER)
 class Shipped:
     """A vhost loaded with the shipped definitions, and a test user like each shipped one."""
 
-    stack: Stack
+    stack: support.Stack
     admin: BrokerAdmin
     urls: dict[str, str]  # shipped user name -> AMQP URL of its test user
 
@@ -105,7 +92,7 @@ class Shipped:
 
 
 @pytest.fixture
-async def shipped(bare_stack: Stack) -> AsyncIterator[Shipped]:
+async def shipped(bare_stack: support.Stack) -> AsyncIterator[Shipped]:
     """The shipped definitions imported into an empty vhost; users made like the shipped."""
     stack = bare_stack.with_settings(**DEFAULT_RETRY)
     admin = BrokerAdmin.like(stack.management)
@@ -114,17 +101,17 @@ async def shipped(bare_stack: Stack) -> AsyncIterator[Shipped]:
         yield Shipped(stack, admin, urls)
 
 
-async def _all_expired(stack: Stack, count: int) -> bool:
-    return (await statuses(stack.database_url)).get("expired", 0) == count
+async def _all_expired(stack: support.Stack, count: int) -> bool:
+    return (await support.statuses(stack.database_url)).get("expired", 0) == count
 
 
-async def _records(stack: Stack) -> list[str]:
-    async with pg_connection(stack.database_url) as conn:
+async def _records(stack: support.Stack) -> list[str]:
+    async with support.pg_connection(stack.database_url) as conn:
         return [row["message_id"] for row in await conn.fetch("SELECT * FROM dead_letters")]
 
 
-async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, queue) == depth
+async def _depth_is(stack: support.Stack, queue: str, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, queue) == depth
 
 
 def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
@@ -194,11 +181,11 @@ def test_only_the_running_processes_may_read_the_management_api() -> None:
 
 
 @pytest.mark.parametrize("user", SERVICE_USERS)
-async def test_broker_accepts_the_shipped_password_hash(stack: Stack, user: str) -> None:
+async def test_broker_accepts_the_shipped_password_hash(stack: support.Stack, user: str) -> None:
     """A user made from the shipped hash logs in with the documented password."""
     admin = BrokerAdmin.like(stack.management)
     [entry] = [u for u in load_definitions()["users"] if u["name"] == user]
-    name = f"{user}-hash-{RUN_ID}"
+    name = f"{user}-hash-{support.RUN_ID}"
     await admin.create_user(name, password_hash=entry["password_hash"], hashing_algorithm=SHA256)
     try:
         await admin.set_permissions(stack.vhost, name, {"configure": "", "write": "", "read": ""})
@@ -235,19 +222,20 @@ async def test_scan_and_consumer_run_with_only_their_rights(
     poison body and records it; both checked the topology through the management API."""
     caplog.set_level(logging.INFO)
     stack = shipped.stack
-    ids = await insert_holds(stack.database_url, 5)
+    ids = await support.insert_holds(stack.database_url, 5)
     assert (await scan.scan_once(shipped.settings_of(SCAN_USER))).published == len(ids)
-    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
-        await wait_for_consumers(stack.amqp_url, 1, consumer)
-        await eventually(lambda: _all_expired(stack, len(ids)))
-        await publish_raw(shipped.urls[SCAN_USER], [b"not a command"], message_ids=["junk-1"])
-        await eventually(lambda: _depth_is(stack, topology.DEAD_QUEUE, 1))
-        await eventually(lambda: _has_record(stack, "junk-1"))
+    async with support.attached_consumer(stack, shipped.settings_of(CONSUMER_USER)):
+        await support.eventually(lambda: _all_expired(stack, len(ids)))
+        await support.publish_raw(
+            shipped.urls[SCAN_USER], [b"not a command"], message_ids=["junk-1"]
+        )
+        await support.eventually(lambda: _depth_is(stack, topology.DEAD_QUEUE, 1))
+        await support.eventually(lambda: _has_record(stack, "junk-1"))
     assert _events(caplog, "topology.arguments_unchecked") == []
     assert "ACCESS_REFUSED" not in caplog.text
 
 
-async def _has_record(stack: Stack, message_id: str) -> bool:
+async def _has_record(stack: support.Stack, message_id: str) -> bool:
     return message_id in await _records(stack)
 
 
@@ -258,16 +246,15 @@ async def test_the_consumer_retries_through_the_delay_queues_with_its_rights(
     back; once the database is back every hold expires."""
     caplog.set_level(logging.INFO)
     stack = shipped.stack
-    ids = await insert_holds(stack.database_url, 3)
+    ids = await support.insert_holds(stack.database_url, 3)
     async with tcp_proxy(stack.database_url, 5432) as proxy:
         settings = shipped.settings_of(CONSUMER_USER, database_url=proxy.url(stack.database_url))
-        async with running_consumer(settings) as consumer:
-            await wait_for_consumers(stack.amqp_url, 1, consumer)
+        async with support.attached_consumer(stack, settings):
             proxy.cut()
             await scan.scan_once(shipped.settings_of(SCAN_USER))
-            await eventually(lambda: _retried(caplog, len(ids)))
+            await support.eventually(lambda: _retried(caplog, len(ids)))
             proxy.restore()
-            await eventually(lambda: _all_expired(stack, len(ids)), timeout=60)
+            await support.eventually(lambda: _all_expired(stack, len(ids)), timeout=60)
 
 
 async def _retried(caplog: pytest.LogCaptureFixture, count: int) -> bool:
@@ -304,8 +291,8 @@ async def test_the_consumer_refreshes_a_dead_letter_log_copy_with_its_rights(
         )
     [refreshed] = _events(caplog, "deadletter.refreshed")
     assert refreshed.queue == topology.DEAD_LOG_QUEUE  # type: ignore[attr-defined]
-    assert await queue_depth(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
-    assert await queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1
+    assert await support.queue_depth(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
+    assert await support.queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1
 
 
 async def test_the_operator_replays_and_gives_back_with_its_rights(
@@ -315,10 +302,11 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
     republishes one and gives the other back as a fresh copy."""
     caplog.set_level(logging.INFO)
     stack = shipped.stack
-    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
-        await wait_for_consumers(stack.amqp_url, 1, consumer)
-        await publish_raw(stack.amqp_url, [b"junk", b"junk"], message_ids=["junk-1", "junk-2"])
-        await eventually(lambda: _record_count_is(stack, 2))
+    async with support.attached_consumer(stack, shipped.settings_of(CONSUMER_USER)):
+        await support.publish_raw(
+            stack.amqp_url, [b"junk", b"junk"], message_ids=["junk-1", "junk-2"]
+        )
+        await support.eventually(lambda: _record_count_is(stack, 2))
     operator = shipped.settings_of(OPERATOR_USER, replay_operators=("alice",))
     async with lifecycle.broker(operator, name="test-status") as connection:
         queues = await ops_status.read_queues(connection, operator)
@@ -329,13 +317,13 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
     monkeypatch.setattr(returns, "REFRESH_AT", 0)
     args = deadletters.build_parser().parse_args(["replay", "junk-1", "--operator", "alice"])
     assert await deadletters.replay_command(operator, args) == 0
-    assert await queue_depth(stack.amqp_url, topology.QUEUE) == 1  # junk-1, replayed
-    assert await queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1  # junk-2, given back
+    assert await support.queue_depth(stack.amqp_url, topology.QUEUE) == 1  # junk-1, replayed
+    assert await support.queue_depth(stack.amqp_url, topology.DEAD_QUEUE) == 1  # junk-2, given back
     [refreshed] = _events(caplog, "deadletter.refreshed")
     assert refreshed.queue == topology.DEAD_QUEUE  # type: ignore[attr-defined]
 
 
-async def _record_count_is(stack: Stack, count: int) -> bool:
+async def _record_count_is(stack: support.Stack, count: int) -> bool:
     return len(await _records(stack)) == count
 
 
@@ -345,24 +333,24 @@ async def test_the_consumer_gets_its_consumers_back_after_a_reconnect_without_de
     """Its connection closed by the broker, the consumer (which may not configure) takes
     the work queue and the dead-letter log again with passive declares, and goes on."""
     stack = shipped.stack
-    async with running_consumer(shipped.settings_of(CONSUMER_USER)) as consumer:
-        await wait_for_consumers(stack.amqp_url, 1, consumer)
-        assert await consumer_count(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
-        await eventually(lambda: _closed(stack), timeout=30)  # once the API lists it
-        await eventually(lambda: _consumers_back(stack), timeout=60)
-        ids = await insert_holds(stack.database_url, 3)
+    async with support.attached_consumer(stack, shipped.settings_of(CONSUMER_USER)) as consumer:
+        assert await support.consumer_count(stack.amqp_url, topology.DEAD_LOG_QUEUE) == 1
+        await support.eventually(lambda: _closed(stack), timeout=30)  # once the API lists it
+        await support.eventually(lambda: _consumers_back(stack), timeout=60)
+        ids = await support.insert_holds(stack.database_url, 3)
         await scan.scan_once(shipped.settings_of(SCAN_USER))
-        await eventually(lambda: _all_expired(stack, len(ids)))
+        await support.eventually(lambda: _all_expired(stack, len(ids)))
         assert not consumer.done()
 
 
-async def _closed(stack: Stack) -> bool:
+async def _closed(stack: support.Stack) -> bool:
     return await stack.management.close_connections(stack.vhost) >= 1
 
 
-async def _consumers_back(stack: Stack) -> bool:
+async def _consumers_back(stack: support.Stack) -> bool:
     counts = [
-        await consumer_count(stack.amqp_url, q) for q in (topology.QUEUE, topology.DEAD_LOG_QUEUE)
+        await support.consumer_count(stack.amqp_url, q)
+        for q in (topology.QUEUE, topology.DEAD_LOG_QUEUE)
     ]
     return counts == [1, 1]
 
@@ -457,7 +445,7 @@ async def test_neither_consumer_nor_scan_may_read_or_purge_the_dead_letters(
         for what, operation in READING_THE_DEAD.items():
             assert await _outcome(shipped.urls[user], operation) == "refused", (user, what)
         assert await _through_the_api(shipped, user) == [401, 401, 401]
-    assert await queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 1
+    assert await support.queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 1
 
 
 async def _through_the_api(shipped: Shipped, user: str) -> list[int | None]:
@@ -503,7 +491,7 @@ async def test_only_the_operator_purges_and_only_the_deploy_deletes_the_dead_let
     await _dead_letter(shipped.urls[CONSUMER_USER], "purged-1")
     assert await _outcome(operator, _get_dead) == "ok"
     assert await _outcome(operator, _purge_dead) == "ok"
-    assert await queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 0
+    assert await support.queue_depth(shipped.stack.amqp_url, topology.DEAD_QUEUE) == 0
     assert await _outcome(operator, _delete_queue(topology.DEAD_QUEUE)) == "refused"
     assert await _outcome(deploy, _delete_queue(topology.DEAD_QUEUE)) == "ok"
     names = await shipped.stack.management.queue_names(shipped.stack.vhost)
@@ -515,14 +503,14 @@ async def test_only_the_operator_purges_and_only_the_deploy_deletes_the_dead_let
 
 @pytest.mark.private_broker
 async def test_shipped_config_boots_a_node_that_loads_the_definitions(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """rabbitmq.conf + enabled_plugins + definitions.json, unchanged, boot a node: the
     definitions are loaded (no guest), the limits are set, the plugins answer; with the
     shipped users and passwords the deploy declares, the scan and a consumer run and check
     the topology through the management API."""
     if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
-        missing("rabbitmq-server is not installed here: cannot boot a node from rabbitmq/")
+        support.missing("rabbitmq-server is not installed here: cannot boot a node from rabbitmq/")
     caplog.set_level(logging.INFO)
     with throwaway_node() as node:
         admin_url = f"http://127.0.0.1:{node.management_port}"
@@ -542,8 +530,8 @@ async def test_shipped_config_boots_a_node_that_loads_the_definitions(
             return stack.settings.model_copy(update=update | {"management_url": admin_url})
 
         await declare(on_node(DEPLOY_USER))
-        ids = await insert_holds(stack.database_url, 3)
+        ids = await support.insert_holds(stack.database_url, 3)
         assert (await scan.scan_once(on_node(SCAN_USER))).published == len(ids)
-        async with running_consumer(on_node(CONSUMER_USER)):
-            await eventually(lambda: _all_expired(stack, len(ids)))
+        async with support.running_consumer(on_node(CONSUMER_USER)):
+            await support.eventually(lambda: _all_expired(stack, len(ids)))
     assert _events(caplog, "topology.arguments_unchecked") == []

@@ -14,20 +14,12 @@ from service import scan
 from service.core.domain import command_body, message_id
 from service.core.topology import QUEUE
 from service.declare import declare
+from tests import support
 from tests.proxy import tcp_proxy
-from tests.recipes import consumer_cut_off, database_behind_proxy
-from tests.support import (
-    Stack,
-    drain_queue,
-    eventually,
-    insert_holds,
-    pg_connection,
-    publish_raw,
-    queue_depth,
-    running_consumer,
-    statuses,
-    transitions_per_reservation,
-    wait_for_consumers,
+from tests.recipes import (
+    consumer_beside_a_transaction,
+    consumer_cut_off,
+    database_behind_proxy,
 )
 
 pytestmark = pytest.mark.integration
@@ -37,29 +29,29 @@ def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRec
     return [r for r in caplog.records if r.msg == event]
 
 
-async def _all_expired(stack: Stack, count: int) -> bool:
-    return (await statuses(stack.database_url)).get("expired", 0) == count
+async def _all_expired(stack: support.Stack, count: int) -> bool:
+    return (await support.statuses(stack.database_url)).get("expired", 0) == count
 
 
 async def test_database_gone_mid_stream_retries_then_succeeds(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL unreachable: commands go round the delay tiers, then all expire; none dead."""
     caplog.set_level(logging.INFO)
-    await insert_holds(stack.database_url, 200)
+    await support.insert_holds(stack.database_url, 200)
     async with (
         database_behind_proxy(stack, max_attempts=20) as database,
         consumer_cut_off(stack, database),
     ):
-        await eventually(lambda: _has_events(caplog, "expiry.retry", 200))
+        await support.eventually(lambda: _has_events(caplog, "expiry.retry", 200))
         await asyncio.sleep(2)
         database.proxy.restore()
-        await eventually(lambda: _all_expired(stack, 200), timeout=60)
+        await support.eventually(lambda: _all_expired(stack, 200), timeout=60)
     retried = _events(caplog, "expiry.retry")
     assert {r.error_class for r in retried} <= {"db.unavailable", "db.timeout"}  # type: ignore[attr-defined]
     assert max(r.attempt for r in retried) >= 2  # type: ignore[attr-defined]
-    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert set((await support.transitions_per_reservation(stack.database_url)).values()) == {1}
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
     assert not _events(caplog, "expiry.dead_letter")
 
 
@@ -67,15 +59,15 @@ async def _has_events(caplog: pytest.LogCaptureFixture, event: str, count: int) 
     return len(_events(caplog, event)) >= count
 
 
-async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: Stack) -> None:
+async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: support.Stack) -> None:
     """When the attempt budget is spent, the command is dead-lettered with its history."""
-    ids = await insert_holds(stack.database_url, 3)
+    ids = await support.insert_holds(stack.database_url, 3)
     async with (
         database_behind_proxy(stack, max_attempts=3, retry_delays=(1,)) as database,
         consumer_cut_off(stack, database),
     ):
-        await eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
-    dead = await drain_queue(stack.amqp_url, "expirations.dead")
+        await support.eventually(lambda: _depth_is(stack, "expirations.dead", 3), timeout=30)
+    dead = await support.drain_queue(stack.amqp_url, "expirations.dead")
     # Each dead letter is the scan's own command for one of the holds: its id, its body.
     assert Counter((m.message_id, m.body) for m in dead) == await _commands_for(stack, ids)
     for message in dead:
@@ -89,12 +81,12 @@ async def test_exhausted_retries_end_in_the_dead_letter_queue(stack: Stack) -> N
         assert isinstance(last, int)
         assert first <= last
         assert "x-death" not in headers  # a fresh copy of ours, never a copied x-death
-    assert await statuses(stack.database_url) == {"held": 3}
+    assert await support.statuses(stack.database_url) == {"held": 3}
 
 
-async def _commands_for(stack: Stack, ids: list[UUID]) -> Counter[tuple[str, bytes]]:
+async def _commands_for(stack: support.Stack, ids: list[UUID]) -> Counter[tuple[str, bytes]]:
     """The message id and body the scan publishes for each of the holds ``ids``."""
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(
             "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
         )
@@ -104,11 +96,11 @@ async def _commands_for(stack: Stack, ids: list[UUID]) -> Counter[tuple[str, byt
     )
 
 
-async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, queue) == depth
+async def _depth_is(stack: support.Stack, queue: str, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, queue) == depth
 
 
-async def test_refused_retry_publish_keeps_the_original(stack: Stack) -> None:
+async def test_refused_retry_publish_keeps_the_original(stack: support.Stack) -> None:
     """The retry tier refuses publishes while the database fails: nothing acked, nothing lost."""
     await stack.management.set_policy(
         stack.vhost,
@@ -119,31 +111,31 @@ async def test_refused_retry_publish_keeps_the_original(stack: Stack) -> None:
             "definition": {"max-length": 0, "overflow": "reject-publish"},
         },
     )
-    await insert_holds(stack.database_url, 5)
+    await support.insert_holds(stack.database_url, 5)
     async with database_behind_proxy(stack) as database:
         async with consumer_cut_off(stack, database):
             await asyncio.sleep(3)
         # The consumer has stopped: every command must be back in a queue, none dead.
-        await eventually(lambda: _ready_total_is(stack, 5))
-        assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+        await support.eventually(lambda: _ready_total_is(stack, 5))
+        assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
         database.proxy.restore()
-        async with running_consumer(database.settings):
-            await eventually(lambda: _all_expired(stack, 5), timeout=60)
-    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+        async with support.running_consumer(database.settings):
+            await support.eventually(lambda: _all_expired(stack, 5), timeout=60)
+    assert set((await support.transitions_per_reservation(stack.database_url)).values()) == {1}
 
 
-async def _closed_some(stack: Stack) -> bool:
+async def _closed_some(stack: support.Stack) -> bool:
     return await stack.management.close_connections(stack.vhost) > 0
 
 
-async def _ready_total_is(stack: Stack, total: int) -> bool:
-    work = await queue_depth(stack.amqp_url, "expirations")
-    retry = await queue_depth(stack.amqp_url, "expirations.retry.1s")
+async def _ready_total_is(stack: support.Stack, total: int) -> bool:
+    work = await support.queue_depth(stack.amqp_url, "expirations")
+    retry = await support.queue_depth(stack.amqp_url, "expirations.retry.1s")
     return work + retry == total
 
 
 async def test_broker_connection_lost_mid_update(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The broker drops the connection while an update waits on a lock.
 
@@ -151,32 +143,27 @@ async def test_broker_connection_lost_mid_update(
     consumer comes back by itself, the redelivery settles it: one transition.
     """
     caplog.set_level(logging.DEBUG)  # the per-delivery expiry.outcome line
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     settings = stack.settings.model_copy(
         update={"lock_timeout_ms": 30000, "statement_timeout_ms": 30000}
     )
-    async with pg_connection(stack.database_url) as support, running_consumer(settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
-        tx = support.transaction()
-        await tx.start()
-        hold_until = await support.fetchval(
-            "SELECT hold_until FROM reservations WHERE id = $1", rid
-        )
+    async with consumer_beside_a_transaction(stack, settings) as (holder, tx, task):
+        hold_until = await holder.fetchval("SELECT hold_until FROM reservations WHERE id = $1", rid)
         # A table lock: the update waits (a batch skips a row lock instead of waiting).
-        await support.execute("LOCK TABLE reservations IN SHARE MODE")
+        await holder.execute("LOCK TABLE reservations IN SHARE MODE")
         # (A scan would wait too, so the command is published directly.)
-        await publish_raw(stack.amqp_url, [command_body(rid, hold_until)])
+        await support.publish_raw(stack.amqp_url, [command_body(rid, hold_until)])
         await asyncio.sleep(0.5)  # the guarded update now waits on the row lock
         # The management API lists connections a few seconds late: retry until one closes.
-        await eventually(lambda: _closed_some(stack), timeout=30, every=0.5)
+        await support.eventually(lambda: _closed_some(stack), timeout=30, every=0.5)
         await asyncio.sleep(0.5)
-        await wait_for_consumers(stack.amqp_url, 1, task)  # the consumer is back
+        await support.wait_for_consumers(stack.amqp_url, 1, task)  # the consumer is back
         await tx.commit()
-        await eventually(lambda: _all_expired(stack, 1))
-        await eventually(lambda: _depth_is(stack, "expirations", 0))
+        await support.eventually(lambda: _all_expired(stack, 1))
+        await support.eventually(lambda: _depth_is(stack, "expirations", 0))
         assert not task.done()
-    assert await transitions_per_reservation(stack.database_url) == {rid: 1}
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert await support.transitions_per_reservation(stack.database_url) == {rid: 1}
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
     # The first delivery's task died with its channel: it never logged nor acked. Its
     # update may still have committed (in a batch): then the redelivery finds it done.
     # If it did, the batch logs that expiry itself (orphaned), and the redelivery finds
@@ -187,7 +174,7 @@ async def test_broker_connection_lost_mid_update(
 
 
 async def test_consumer_moves_to_another_node_when_its_node_goes_away(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """AMQP_URL names two nodes (two proxies to one broker here): losing the first, the
     consumer reconnects through the second by itself and keeps expiring holds."""
@@ -196,15 +183,14 @@ async def test_consumer_moves_to_another_node_when_its_node_goes_away(
         settings = stack.settings.model_copy(
             update={"amqp_url": (first.url(stack.amqp_url), second.url(stack.amqp_url))}
         )
-        async with running_consumer(settings) as task:
-            await wait_for_consumers(stack.amqp_url, 1, task)
+        async with support.attached_consumer(stack, settings) as task:
             assert (len(first.links), len(second.links)) == (1, 0)
             first.cut()  # the node dies, and stays dead
-            await eventually(lambda: _true(len(second.links) >= 1), timeout=30)
-            await wait_for_consumers(stack.amqp_url, 1, task)
-            await insert_holds(stack.database_url, 20)
+            await support.eventually(lambda: _true(len(second.links) >= 1), timeout=30)
+            await support.wait_for_consumers(stack.amqp_url, 1, task)
+            await support.insert_holds(stack.database_url, 20)
             await scan.scan_once(stack.settings)
-            await eventually(lambda: _all_expired(stack, 20), timeout=30)
+            await support.eventually(lambda: _all_expired(stack, 20), timeout=30)
     assert [r for r in caplog.records if r.msg == "broker.next_node"]
 
 
@@ -213,25 +199,26 @@ async def _true(value: bool) -> bool:
 
 
 async def test_the_broker_cancels_the_consumer_and_it_consumes_again_once_the_queue_is_back(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The work queue deleted under the consumer (the broker cancels its consumer), then
     declared again by the deploy step: the consumer keeps trying, consumes again on its
     own and expires what comes; nothing else of it restarts."""
     caplog.set_level(logging.INFO)
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack) as task:
         connection = await aio_pika.connect(stack.amqp_url)
         try:
             await (await connection.channel()).queue_delete(QUEUE)
         finally:
             await connection.close()
-        await eventually(lambda: _has_events(caplog, "broker.consumer_cancelled", 1))
-        await eventually(lambda: _has_events(caplog, "broker.consume_failed", 1), timeout=30)
+        await support.eventually(lambda: _has_events(caplog, "broker.consumer_cancelled", 1))
+        await support.eventually(
+            lambda: _has_events(caplog, "broker.consume_failed", 1), timeout=30
+        )
         await declare(stack.settings)
-        await wait_for_consumers(stack.amqp_url, 1, task)
-        await insert_holds(stack.database_url, 20)
+        await support.wait_for_consumers(stack.amqp_url, 1, task)
+        await support.insert_holds(stack.database_url, 20)
         await scan.scan_once(stack.settings)
-        await eventually(lambda: _all_expired(stack, 20), timeout=30)
+        await support.eventually(lambda: _all_expired(stack, 20), timeout=30)
         assert not task.done()
     assert _events(caplog, "broker.consuming_again")

@@ -28,19 +28,9 @@ from service.adapters.amqp.returns import REFRESH_AT
 from service.core.domain import command_body
 from service.settings import Settings
 from service.worker.failures import REFUSAL_LIMIT
+from tests import support
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
 from tests.recipes import consumer_cut_off, database_behind_proxy
-from tests.support import (
-    Stack,
-    eventually,
-    insert_holds,
-    pg_connection,
-    queue_depth,
-    running_consumer,
-    statuses,
-    transitions_per_reservation,
-    wait_for_consumers,
-)
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +127,7 @@ def _raw_messages(body: bytes, prefix: str) -> list[RawMessage]:
 
 
 async def _publish(
-    stack: Stack, exchange: str, routing_key: str, messages: list[aio_pika.Message]
+    stack: support.Stack, exchange: str, routing_key: str, messages: list[aio_pika.Message]
 ) -> None:
     connection = await aio_pika.connect(stack.amqp_url)
     try:
@@ -159,19 +149,19 @@ def _message(body: bytes, message_id: str | None, headers: dict[str, Any]) -> ai
     )
 
 
-async def _records(stack: Stack) -> list[dict[str, Any]]:
-    async with pg_connection(stack.database_url) as conn:
+async def _records(stack: support.Stack) -> list[dict[str, Any]]:
+    async with support.pg_connection(stack.database_url) as conn:
         return [dict(row) for row in await conn.fetch("SELECT * FROM dead_letters")]
 
 
-async def _count_is(stack: Stack, count: int) -> bool:
+async def _count_is(stack: support.Stack, count: int) -> bool:
     return len(await _records(stack)) >= count
 
 
-async def _settled(stack: Stack, *queues: str) -> None:
+async def _settled(stack: support.Stack, *queues: str) -> None:
     """With no consumer left, nothing came back: every delivery was settled."""
     for queue in queues:
-        assert await queue_depth(stack.amqp_url, queue) == 0, queue
+        assert await support.queue_depth(stack.amqp_url, queue) == 0, queue
 
 
 def _assert_storable(record: dict[str, Any]) -> None:
@@ -184,13 +174,12 @@ def _assert_storable(record: dict[str, Any]) -> None:
     assert now - datetime.timedelta(days=367) < record["first_seen"] <= now
 
 
-async def test_the_issue_reproduction_now_settles_and_records(stack: Stack) -> None:
+async def test_the_issue_reproduction_now_settles_and_records(stack: support.Stack) -> None:
     """The issue's headers on a command, on poison, and on a dead letter: all settled,
     the command expired once, both dead letters recorded with sane attempts and times."""
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     good = command_body(rid, datetime.datetime.now(datetime.UTC))
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack) as task:
         await _publish(
             stack,
             "expirations",
@@ -202,11 +191,11 @@ async def test_the_issue_reproduction_now_settles_and_records(stack: Stack) -> N
         )
         forged = {**ISSUE_HEADERS, "x-expiry-give-up": "attempts-exhausted"}
         await _publish(stack, "expirations.dead", "dead", [_message(b"\x00", "issue-dead", forged)])
-        await eventually(lambda: _count_is(stack, 2), timeout=30)
+        await support.eventually(lambda: _count_is(stack, 2), timeout=30)
         assert not task.done()
     await _settled(stack, "expirations", "expirations.dead.log")
-    assert await statuses(stack.database_url) == {"expired": 1}
-    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+    assert await support.statuses(stack.database_url) == {"expired": 1}
+    assert set((await support.transitions_per_reservation(stack.database_url)).values()) == {1}
     records = {r["message_id"]: r for r in await _records(stack)}
     assert set(records) == {"issue-poison", "issue-dead"}
     for record in records.values():
@@ -215,11 +204,11 @@ async def test_the_issue_reproduction_now_settles_and_records(stack: Stack) -> N
     assert records["issue-poison"]["body_excerpt"] == "?xxxxxx (7 bytes)"
 
 
-async def test_hostile_messages_to_the_work_queue_are_settled(stack: Stack) -> None:
+async def test_hostile_messages_to_the_work_queue_are_settled(stack: support.Stack) -> None:
     """Valid commands with hostile headers expire once; poison in every shape, and raw
     frames that are not UTF-8 or hold far timestamps, are dead-lettered and recorded;
     the consumer stays up and its ordinary work expires exactly once."""
-    hostile_ids = await insert_holds(stack.database_url, len(HOSTILE_VALUES))
+    hostile_ids = await support.insert_holds(stack.database_url, len(HOSTILE_VALUES))
     now = datetime.datetime.now(datetime.UTC)
     commands_ = [
         _message(command_body(rid, now), f"hostile-{i}\x00\x1b", _hostile_headers(i))
@@ -231,32 +220,31 @@ async def test_hostile_messages_to_the_work_queue_are_settled(stack: Stack) -> N
     ]
     unknown = [_message(command_body(uuid.uuid4(), now), "unknown-1", _hostile_headers(3))]
     raw = _raw_messages(b"\x00raw poison", "w")
-    ordinary = await insert_holds(stack.database_url, 200)
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    ordinary = await support.insert_holds(stack.database_url, 200)
+    async with support.attached_consumer(stack) as task:
         await _publish(stack, "expirations", "expire", commands_ + poison + unknown)
         await publish_raw_frames(stack.amqp_url, "expirations", "expire", raw)
         await scan.scan_once(stack.settings)
         expected_dead = len(poison) + len(unknown) + len(raw)
-        await eventually(lambda: _count_is(stack, expected_dead), timeout=60)
-        await eventually(lambda: _all_expired(stack, len(hostile_ids) + len(ordinary)))
+        await support.eventually(lambda: _count_is(stack, expected_dead), timeout=60)
+        await support.eventually(lambda: _all_expired(stack, len(hostile_ids) + len(ordinary)))
         assert not task.done()
     await _settled(stack, "expirations", "expirations.dead.log")
-    assert set((await transitions_per_reservation(stack.database_url)).values()) == {1}
+    assert set((await support.transitions_per_reservation(stack.database_url)).values()) == {1}
     records = await _records(stack)
     assert len(records) == expected_dead
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == expected_dead
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == expected_dead
     for record in records:
         _assert_storable(record)
     classes = {r["error_class"] for r in records}
     assert classes <= {"poison.not-json", "poison.schema", "poison.bad-uuid", "unknown-reservation"}
 
 
-async def _all_expired(stack: Stack, count: int) -> bool:
-    return (await statuses(stack.database_url)).get("expired", 0) == count
+async def _all_expired(stack: support.Stack, count: int) -> bool:
+    return (await support.statuses(stack.database_url)).get("expired", 0) == count
 
 
-async def test_hostile_dead_letters_are_all_recorded(stack: Stack) -> None:
+async def test_hostile_dead_letters_are_all_recorded(stack: support.Stack) -> None:
     """Whatever reaches the dead-letter log (forged verdicts, forged x-death of every type,
     raw frames) becomes a storable record, and the log queue drains."""
     forged = [
@@ -273,51 +261,49 @@ async def test_hostile_dead_letters_are_all_recorded(stack: Stack) -> None:
         )
     ]
     raw = _raw_messages(b"\x00", "d")
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack) as task:
         await _publish(stack, "expirations.dead", "expirations.dead.log", forged)
         await publish_raw_frames(stack.amqp_url, "expirations.dead", "dead", raw)
-        await eventually(lambda: _count_is(stack, len(forged) + len(raw)), timeout=60)
+        await support.eventually(lambda: _count_is(stack, len(forged) + len(raw)), timeout=60)
         assert not task.done()
     await _settled(stack, "expirations.dead.log")
     records = await _records(stack)
     assert len(records) == len(forged) + len(raw)
     for record in records:
         _assert_storable(record)
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == len(raw)
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == len(raw)
 
 
-async def test_hostile_messages_in_the_dead_queue_survive_a_replay(stack: Stack) -> None:
+async def test_hostile_messages_in_the_dead_queue_survive_a_replay(stack: support.Stack) -> None:
     """A replay takes every message of expirations.dead: hostile ones it does not replay
     are given back, none lost, and the replay itself goes through."""
     forged = [_message(b"\x00", f"kept-{i}", _hostile_headers(i)) for i in range(5)]
     raw = _raw_messages(b"\x00", "r")
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack):
         await _publish(stack, "expirations", "expire", [_message(b"junk", "junk-1", {})])
-        await eventually(lambda: _count_is(stack, 1), timeout=30)
+        await support.eventually(lambda: _count_is(stack, 1), timeout=30)
     await _publish(stack, "expirations.dead", "expirations.dead", forged)
     await publish_raw_frames(stack.amqp_url, "expirations.dead", "expirations.dead", raw)
     results = await _replay(stack, "junk-1")
     assert results == 0
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == len(forged) + len(raw)
-    assert await queue_depth(stack.amqp_url, "expirations") == 1  # junk-1, replayed
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == len(forged) + len(raw)
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 1  # junk-1, replayed
 
 
-async def _replay(stack: Stack, key: str) -> int:
+async def _replay(stack: support.Stack, key: str) -> int:
     args = deadletters.build_parser().parse_args(["replay", key, "--operator", "test"])
     settings = stack.settings.model_copy(update={"replay_operators": ("test",)})
     return await deadletters.replay_command(settings, args)
 
 
 async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """While every retry copy is refused (unroutable), a failing command comes back
     REFUSAL_LIMIT times, then the consumer rejects it and the broker dead-letters it:
     recorded, never lost, and never handled again."""
     caplog.set_level(logging.INFO)
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     async with (
         database_behind_proxy(stack) as database,
         consumer_cut_off(stack, database, scan=False),
@@ -326,20 +312,20 @@ async def test_a_refused_copy_ends_in_the_dead_letters_not_in_a_loop(
         # Published as the scan would, without the scan's declarations (which bind).
         body = command_body(rid, datetime.datetime.now(datetime.UTC))
         await _publish(stack, "expirations", "expire", [_message(body, f"expire:{rid}", {})])
-        await eventually(lambda: _depth(stack, "expirations.dead", 1), timeout=90)
+        await support.eventually(lambda: _depth(stack, "expirations.dead", 1), timeout=90)
         database.proxy.restore()
-        await eventually(lambda: _count_is(stack, 1), timeout=60)
+        await support.eventually(lambda: _count_is(stack, 1), timeout=60)
     refused = [r for r in caplog.records if r.msg == "expiry.copy_failed"]
     assert len(refused) == REFUSAL_LIMIT
     assert getattr(refused[-1], "final", False) is True
     [record] = await _records(stack)
     assert (record["error_class"], record["give_up"]) == ("rejected", "rejected")
     assert record["reservation_id"] == rid
-    assert await statuses(stack.database_url) == {"held": 1}
+    assert await support.statuses(stack.database_url) == {"held": 1}
     await _settled(stack, "expirations", "expirations.dead.log")
 
 
-async def _unbind_retry_tiers(stack: Stack, settings: Settings) -> None:
+async def _unbind_retry_tiers(stack: support.Stack, settings: Settings) -> None:
     """Every retry copy is now unroutable, so the broker returns it (a refusal)."""
     connection = await aio_pika.connect(stack.amqp_url)
     try:
@@ -351,17 +337,16 @@ async def _unbind_retry_tiers(stack: Stack, settings: Settings) -> None:
         await connection.close()
 
 
-async def _depth(stack: Stack, queue: str, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, queue) == depth
+async def _depth(stack: support.Stack, queue: str, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, queue) == depth
 
 
-async def test_a_dead_letter_returned_often_is_refreshed_not_dropped(stack: Stack) -> None:
+async def test_a_dead_letter_returned_often_is_refreshed_not_dropped(stack: support.Stack) -> None:
     """A dead letter returned half its queue's delivery limit times (many replays of
     others) is replaced by a fresh copy when given back, in that queue alone."""
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack):
         await _publish(stack, "expirations", "expire", [_message(b"junk", "junk-1", {})])
-        await eventually(lambda: _count_is(stack, 1), timeout=30)
+        await support.eventually(lambda: _count_is(stack, 1), timeout=30)
     await _publish(stack, "expirations.dead", "expirations.dead", [_message(b"old", "old-1", {})])
     await _return_many_times(stack, "old-1", REFRESH_AT)
     assert await _replay(stack, "junk-1") == 0
@@ -370,11 +355,11 @@ async def test_a_dead_letter_returned_often_is_refreshed_not_dropped(stack: Stac
     assert len(old) == 1
     assert (old[0].headers or {}).get("x-delivery-count", 0) == 0
     assert not old[0].redelivered
-    assert await queue_depth(stack.amqp_url, "expirations.dead.log") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead.log") == 0
     assert len(await _records(stack)) == 1  # the fresh copy went to expirations.dead alone
 
 
-async def _return_many_times(stack: Stack, message_id: str, times: int) -> None:
+async def _return_many_times(stack: support.Stack, message_id: str, times: int) -> None:
     """Take and reject the message ``times`` times, as that many replays of others would."""
     connection = await aio_pika.connect(stack.amqp_url)
     try:
@@ -394,7 +379,9 @@ async def _return_many_times(stack: Stack, message_id: str, times: int) -> None:
         await connection.close()
 
 
-async def _peek_all(stack: Stack, queue_name: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+async def _peek_all(
+    stack: support.Stack, queue_name: str
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Every message of a queue, taken and returned once (through a closed channel)."""
     connection = await aio_pika.connect(stack.amqp_url)
     try:
@@ -409,7 +396,7 @@ async def _peek_all(stack: Stack, queue_name: str) -> list[aio_pika.abc.Abstract
 
 
 async def test_an_unexpected_failure_still_settles_and_records(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    stack: support.Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug anywhere in a delivery's handling (here: reading its headers, and publishing
     its dead-letter copy) never leaves it unsettled: it is handled as a first attempt, or
@@ -424,35 +411,33 @@ async def test_an_unexpected_failure_still_settles_and_records(
 
     monkeypatch.setattr(delivery, "read_attempt", broken_read)
     monkeypatch.setattr(failures.Failures, "_publish_copy", broken_copy)
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     now = datetime.datetime.now(datetime.UTC)
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack) as task:
         await _publish(
             stack,
             "expirations",
             "expire",
             [_message(command_body(rid, now), "bug-good", {}), _message(b"junk", "bug-junk", {})],
         )
-        await eventually(lambda: _count_is(stack, 1), timeout=30)
-        await eventually(lambda: _all_expired(stack, 1))
+        await support.eventually(lambda: _count_is(stack, 1), timeout=30)
+        await support.eventually(lambda: _all_expired(stack, 1))
         assert not task.done()
     await _settled(stack, "expirations", "expirations.dead.log")
     [record] = await _records(stack)
     assert (record["message_id"], record["error_class"]) == ("bug-junk", "rejected")
 
 
-async def test_a_record_the_database_refuses_is_stored_reduced(stack: Stack) -> None:
+async def test_a_record_the_database_refuses_is_stored_reduced(stack: support.Stack) -> None:
     """When PostgreSQL refuses a record's values (here a constraint refuses every
     excerpt), the recorder stores it without them, saying why, instead of looping."""
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute(
             "ALTER TABLE dead_letters ADD CONSTRAINT no_excerpts CHECK (body_excerpt IS NULL)"
         )
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack):
         await _publish(stack, "expirations", "expire", [_message(b"junk", "refused-1", {})])
-        await eventually(lambda: _count_is(stack, 1), timeout=30)
+        await support.eventually(lambda: _count_is(stack, 1), timeout=30)
     await _settled(stack, "expirations", "expirations.dead.log")
     [record] = await _records(stack)
     assert record["message_id"] == "refused-1"

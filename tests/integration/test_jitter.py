@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from bench.jitter import TimedPublisher
 from service.adapters import amqp
 from service.adapters.amqp.declaring import check_topology, topology_for
 from service.adapters.amqp.messages import command_for
@@ -30,7 +31,6 @@ from service.settings import Settings
 from service.worker.acks import AckAlone
 from service.worker.delivery import Delivery
 from service.worker.failures import Failures
-from service.worker.ports import AmqpPublisher
 from service.worker.reporting import Reporter
 from tests.integration.definitions_support import BrokerAdmin
 from tests.support import Stack
@@ -47,18 +47,6 @@ DEFAULTS: dict[str, object] = {
     name: Settings.model_fields[name].default
     for name in ("retry_delays", "retry_jitter", "retry_jitter_slots")
 }
-
-
-class NotingPublisher(AmqpPublisher):
-    """The consumer's publisher, noting each retry copy's slot and when it was confirmed."""
-
-    def __init__(self, retry: AbstractExchange, dead: AbstractExchange) -> None:
-        super().__init__(retry, dead, TIMEOUT_SECONDS)
-        self.confirmed: dict[str, tuple[int, float]] = {}
-
-    async def retry(self, message: aio_pika.Message, delay_ms: int) -> None:
-        await super().retry(message, delay_ms)
-        self.confirmed[message.message_id or ""] = (delay_ms, time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -128,9 +116,10 @@ async def test_copies_that_failed_together_come_back_spread_and_within_their_bou
     async with connection:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         held = await _held(channel, BURST)
-        publisher = NotingPublisher(
+        publisher = TimedPublisher(
             await channel.get_exchange(topology.RETRY_EXCHANGE, ensure=False),
             await channel.get_exchange(topology.DEAD_EXCHANGE, ensure=False),
+            TIMEOUT_SECONDS,
         )
         failures = Failures(settings, publisher, AckAlone(), Reporter(Metrics()))
         back: dict[str, Back] = {}

@@ -16,25 +16,14 @@ import pytest
 from service import scan
 from service.core.domain import command_body, message_id
 from service.core.errors import PublishNotConfirmed, TopologyMismatch
-from tests.support import (
-    Stack,
-    drain_queue,
-    eventually,
-    insert_holds,
-    pg_connection,
-    publish_raw,
-    queue_depth,
-    running_consumer,
-    statuses,
-    transitions_per_reservation,
-    wait_for_consumers,
-)
+from tests import support
+from tests.recipes import consumer_beside_a_transaction
 
 pytestmark = pytest.mark.integration
 
 
-async def _commands_for(stack: Stack, ids: Sequence[UUID]) -> tuple[list[bytes], list[str]]:
-    async with pg_connection(stack.database_url) as conn:
+async def _commands_for(stack: support.Stack, ids: Sequence[UUID]) -> tuple[list[bytes], list[str]]:
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(
             "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
         )
@@ -44,12 +33,12 @@ async def _commands_for(stack: Stack, ids: Sequence[UUID]) -> tuple[list[bytes],
     )
 
 
-async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> None:
+async def test_scan_publishes_due_holds_in_the_contract_format(stack: support.Stack) -> None:
     """Only due held reservations are published, persistent, JSON, with the stable id."""
-    due = await insert_holds(stack.database_url, 30, due_in=-5)
-    await insert_holds(stack.database_url, 10, due_in=3600)
-    consumed = await insert_holds(stack.database_url, 5, due_in=-5)
-    async with pg_connection(stack.database_url) as conn:
+    due = await support.insert_holds(stack.database_url, 30, due_in=-5)
+    await support.insert_holds(stack.database_url, 10, due_in=3600)
+    consumed = await support.insert_holds(stack.database_url, 5, due_in=-5)
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute(
             "UPDATE reservations SET status = 'consumed' WHERE id = ANY($1::uuid[])", consumed
         )
@@ -57,9 +46,9 @@ async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> 
     result = await scan.scan_once(stack.settings)
 
     assert (result.published, result.failed) == (30, 0)
-    messages = await drain_queue(stack.amqp_url, "expirations")
+    messages = await support.drain_queue(stack.amqp_url, "expirations")
     assert len(messages) == 30
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch("SELECT id, hold_until FROM reservations")
     deadlines = {row["id"]: row["hold_until"] for row in rows}
     seen = set()
@@ -75,12 +64,12 @@ async def test_scan_publishes_due_holds_in_the_contract_format(stack: Stack) -> 
     assert seen == set(due)
 
 
-async def test_scan_skips_live_leases_and_republishes_lapsed_ones(stack: Stack) -> None:
+async def test_scan_skips_live_leases_and_republishes_lapsed_ones(stack: support.Stack) -> None:
     """A second scan publishes nothing in flight; once the lease lapses, it publishes again."""
-    ids = await insert_holds(stack.database_url, 20)
+    ids = await support.insert_holds(stack.database_url, 20)
     assert (await scan.scan_once(stack.settings)).published == 20
     assert (await scan.scan_once(stack.settings)).published == 0
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute(
             "UPDATE publish_leases SET lease_until = now() - interval '1 second' "
             "WHERE reservation_id = ANY($1::uuid[])",
@@ -89,63 +78,62 @@ async def test_scan_skips_live_leases_and_republishes_lapsed_ones(stack: Stack) 
         assert (await scan.scan_once(stack.settings)).published == 5
         counts = await conn.fetch("SELECT publish_count FROM publish_leases ORDER BY 1")
     assert Counter(r["publish_count"] for r in counts) == {1: 15, 2: 5}
-    assert await queue_depth(stack.amqp_url, "expirations") == 25
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 25
 
 
-async def test_pipeline_expires_each_due_hold_exactly_once(stack: Stack) -> None:
+async def test_pipeline_expires_each_due_hold_exactly_once(stack: support.Stack) -> None:
     """Scan then consume: due holds expire once, future and consumed ones are untouched."""
-    due = await insert_holds(stack.database_url, 600)
-    future = await insert_holds(stack.database_url, 50, due_in=3600)
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    due = await support.insert_holds(stack.database_url, 600)
+    future = await support.insert_holds(stack.database_url, 50, due_in=3600)
+    async with support.attached_consumer(stack):
         await scan.scan_once(stack.settings)
-        await eventually(lambda: _expired_count_is(stack, len(due)))
-    transitions = await transitions_per_reservation(stack.database_url)
+        await support.eventually(lambda: _expired_count_is(stack, len(due)))
+    transitions = await support.transitions_per_reservation(stack.database_url)
     assert set(transitions) == set(due)
     assert set(transitions.values()) == {1}
-    assert (await statuses(stack.database_url))["held"] == len(future)
-    assert await queue_depth(stack.amqp_url, "expirations") == 0
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert (await support.statuses(stack.database_url))["held"] == len(future)
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
 
 
-async def _expired_count_is(stack: Stack, count: int) -> bool:
-    return (await statuses(stack.database_url)).get("expired", 0) == count
+async def _expired_count_is(stack: support.Stack, count: int) -> bool:
+    return (await support.statuses(stack.database_url)).get("expired", 0) == count
 
 
-async def test_duplicates_to_two_consumers_make_one_transition(stack: Stack) -> None:
+async def test_duplicates_to_two_consumers_make_one_transition(stack: support.Stack) -> None:
     """Every command delivered four times, to two consumers at once: one transition each."""
-    ids = await insert_holds(stack.database_url, 100)
+    ids = await support.insert_holds(stack.database_url, 100)
     bodies, mids = await _commands_for(stack, ids)
     async with (
-        running_consumer(stack.settings.model_copy(update={"worker_id": "a"})) as a,
-        running_consumer(stack.settings.model_copy(update={"worker_id": "b"})) as b,
+        support.running_consumer(stack.settings.model_copy(update={"worker_id": "a"})) as a,
+        support.running_consumer(stack.settings.model_copy(update={"worker_id": "b"})) as b,
     ):
-        await wait_for_consumers(stack.amqp_url, 2, a)
+        await support.wait_for_consumers(stack.amqp_url, 2, a)
         await asyncio.gather(
-            *(publish_raw(stack.amqp_url, bodies, message_ids=mids) for _ in range(4))
+            *(support.publish_raw(stack.amqp_url, bodies, message_ids=mids) for _ in range(4))
         )
-        await eventually(lambda: _expired_count_is(stack, 100))
-        await eventually(lambda: _queue_empty(stack, "expirations"))
+        await support.eventually(lambda: _expired_count_is(stack, 100))
+        await support.eventually(lambda: _queue_empty(stack, "expirations"))
         assert not b.done()
-    transitions = await transitions_per_reservation(stack.database_url)
+    transitions = await support.transitions_per_reservation(stack.database_url)
     assert len(transitions) == 100
     assert set(transitions.values()) == {1}
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 0
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 0
 
 
-async def _queue_empty(stack: Stack, queue: str) -> bool:
+async def _queue_empty(stack: support.Stack, queue: str) -> bool:
     info = await stack.management.queue(stack.vhost, queue)
     return bool(info.get("messages", 1) == 0)
 
 
-async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack) -> None:
+async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: support.Stack) -> None:
     """Support side and consumer race on holds at their common deadline: never both.
 
     The support side consumes from one end as the deadline passes, the consumer
     expires from the other end; they meet in the middle, where each row sees
     both writers at once. A later round of commands finishes what is left.
     """
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         deadline = await conn.fetchval("SELECT now() + interval '2 seconds'")
         ids = [
             row["id"]
@@ -166,21 +154,25 @@ async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack)
         await asyncio.sleep(max(0.0, deadline.timestamp() + offset - time.time()))
 
     async def support_side() -> None:
-        async with pg_connection(stack.database_url) as conn:
+        async with support.pg_connection(stack.database_url) as conn:
             await at(0.0)
             for rid in ids:
                 await conn.execute(consume_sql, rid)
 
     async def commands(offset: float) -> None:
         await at(offset)
-        await publish_raw(stack.amqp_url, [p[0] for p in pairs], message_ids=[p[1] for p in pairs])
+        await support.publish_raw(
+            stack.amqp_url, [p[0] for p in pairs], message_ids=[p[1] for p in pairs]
+        )
 
-    async with running_consumer(stack.settings.model_copy(update={"prefetch": 200})) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.running_consumer(
+        stack.settings.model_copy(update={"prefetch": 200})
+    ) as task:
+        await support.wait_for_consumers(stack.amqp_url, 1, task)
         assert time.time() < deadline.timestamp() - 0.3, "setup took longer than the deadline"
         await asyncio.gather(support_side(), commands(-0.05), commands(1.0))
-        await eventually(lambda: _queue_empty(stack, "expirations"))
-    async with pg_connection(stack.database_url) as conn:
+        await support.eventually(lambda: _queue_empty(stack, "expirations"))
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(
             "SELECT r.status, count(t.id) AS n FROM reservations r "
             "LEFT JOIN reservation_transitions t ON t.reservation_id = r.id GROUP BY r.id, r.status"
@@ -192,25 +184,19 @@ async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: Stack)
 
 
 async def test_consumer_waits_for_a_support_side_lock_and_respects_its_outcome(
-    stack: Stack,
+    stack: support.Stack,
 ) -> None:
     """A consume that holds the row lock at the deadline wins; the command is a no-op."""
-    [rid] = await insert_holds(stack.database_url, 1, due_in=-1)
+    [rid] = await support.insert_holds(stack.database_url, 1, due_in=-1)
     bodies, mids = await _commands_for(stack, [rid])
-    async with (
-        pg_connection(stack.database_url) as support,
-        running_consumer(stack.settings) as task,
-    ):
-        await wait_for_consumers(stack.amqp_url, 1, task)
-        tx = support.transaction()
-        await tx.start()
-        await support.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", rid)
-        await publish_raw(stack.amqp_url, bodies, message_ids=mids)
+    async with consumer_beside_a_transaction(stack, stack.settings) as (holder, tx, _):
+        await holder.execute("UPDATE reservations SET status = 'consumed' WHERE id = $1", rid)
+        await support.publish_raw(stack.amqp_url, bodies, message_ids=mids)
         await asyncio.sleep(0.5)  # the guarded update is now waiting on the row lock
         await tx.commit()
-        await eventually(lambda: _queue_empty(stack, "expirations"))
-    assert await statuses(stack.database_url) == {"consumed": 1}
-    assert await transitions_per_reservation(stack.database_url) == {}
+        await support.eventually(lambda: _queue_empty(stack, "expirations"))
+    assert await support.statuses(stack.database_url) == {"consumed": 1}
+    assert await support.transitions_per_reservation(stack.database_url) == {}
 
 
 POISON = [
@@ -237,21 +223,20 @@ EXPECTED_CLASSES = [
 
 
 async def test_poison_bodies_are_dead_lettered_with_a_reason_and_the_consumer_goes_on(
-    stack: Stack,
+    stack: support.Stack,
 ) -> None:
     """Any body at all: dead-lettered at once with its class; valid work still completes."""
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     bodies, mids = await _commands_for(stack, [rid])
-    async with running_consumer(stack.settings) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
-        await publish_raw(
+    async with support.attached_consumer(stack) as task:
+        await support.publish_raw(
             stack.amqp_url, POISON, message_ids=[f"poison-{i}" for i in range(len(POISON))]
         )
-        await publish_raw(stack.amqp_url, bodies, message_ids=mids)
-        await eventually(lambda: _expired_count_is(stack, 1))
-        await eventually(lambda: _depth_is(stack, "expirations.dead", len(POISON)))
+        await support.publish_raw(stack.amqp_url, bodies, message_ids=mids)
+        await support.eventually(lambda: _expired_count_is(stack, 1))
+        await support.eventually(lambda: _depth_is(stack, "expirations.dead", len(POISON)))
         assert not task.done()
-    dead = {m.message_id: m for m in await drain_queue(stack.amqp_url, "expirations.dead")}
+    dead = {m.message_id: m for m in await support.drain_queue(stack.amqp_url, "expirations.dead")}
     for index, error_class in enumerate(EXPECTED_CLASSES):
         headers = dead[f"poison-{index}"].headers
         assert headers["x-expiry-error-class"] == error_class
@@ -260,11 +245,11 @@ async def test_poison_bodies_are_dead_lettered_with_a_reason_and_the_consumer_go
         assert dead[f"poison-{index}"].body == POISON[index]
 
 
-async def _depth_is(stack: Stack, queue: str, depth: int) -> bool:
-    return await queue_depth(stack.amqp_url, queue) == depth
+async def _depth_is(stack: support.Stack, queue: str, depth: int) -> bool:
+    return await support.queue_depth(stack.amqp_url, queue) == depth
 
 
-async def test_topology_drift_is_refused_with_one_clear_line(stack: Stack) -> None:
+async def test_topology_drift_is_refused_with_one_clear_line(stack: support.Stack) -> None:
     """A work queue re-declared as a classic queue stops the service at start."""
     connection = await aio_pika.connect(stack.amqp_url)
     async with connection:
@@ -274,31 +259,31 @@ async def test_topology_drift_is_refused_with_one_clear_line(stack: Stack) -> No
     with pytest.raises(TopologyMismatch, match="queue 'expirations' exists on the broker"):
         await scan.scan_once(stack.settings)
     with pytest.raises(TopologyMismatch, match="queue 'expirations'"):
-        async with running_consumer(stack.settings) as task:
+        async with support.running_consumer(stack.settings) as task:
             await task
 
 
-async def test_scan_with_the_broker_down_records_nothing(stack: Stack) -> None:
+async def test_scan_with_the_broker_down_records_nothing(stack: support.Stack) -> None:
     """No broker: the scan fails before claiming anything, so no lease is recorded."""
-    await insert_holds(stack.database_url, 10)
+    await support.insert_holds(stack.database_url, 10)
     down = stack.settings.model_copy(update={"amqp_url": ("amqp://guest:guest@127.0.0.1:1/",)})
     with pytest.raises(ConnectionError):
         await scan.scan_once(down)
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 0
 
 
-async def test_two_scans_at_once_split_the_work(stack: Stack) -> None:
+async def test_two_scans_at_once_split_the_work(stack: support.Stack) -> None:
     """Overlapping scans both succeed; every due hold is published, with few duplicates."""
-    await insert_holds(stack.database_url, 3000)
+    await support.insert_holds(stack.database_url, 3000)
     settings = stack.settings.model_copy(update={"scan_batch_size": 200})
     first, second = await asyncio.gather(scan.scan_once(settings), scan.scan_once(settings))
     total = first.published + second.published
     assert total >= 3000
     assert total - 3000 <= 2 * settings.scan_batch_size, (first, second)
-    messages = await drain_queue(stack.amqp_url, "expirations")
+    messages = await support.drain_queue(stack.amqp_url, "expirations")
     assert len({m.message_id for m in messages}) == 3000
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM publish_leases") == 3000
 
 
@@ -308,63 +293,67 @@ SELECT pid FROM pg_stat_activity
 """
 
 
-async def _scanner_pids(stack: Stack) -> list[int]:
-    async with pg_connection(stack.database_url) as conn:
+async def _scanner_pids(stack: support.Stack) -> list[int]:
+    async with support.pg_connection(stack.database_url) as conn:
         return [row["pid"] for row in await conn.fetch(SCANNER_PIDS_SQL)]
 
 
 async def test_a_scanner_keeps_its_connections_between_passes_and_replaces_lost_ones(
-    stack: Stack,
+    stack: support.Stack,
 ) -> None:
     """Passes given the same ``Links`` (as ``--every`` does) share one database session; a
     terminated one is replaced at the next pass; after the broker closed the connection the
     next pass still publishes (reconnected or replaced); ``close`` leaves no session."""
     links = scan.Links()
     try:
-        await insert_holds(stack.database_url, 5)
+        await support.insert_holds(stack.database_url, 5)
         assert (await scan.scan_once(stack.settings, links=links)).published == 5
         [pid] = await _scanner_pids(stack)
-        await insert_holds(stack.database_url, 5)
+        await support.insert_holds(stack.database_url, 5)
         assert (await scan.scan_once(stack.settings, links=links)).published == 5
         assert await _scanner_pids(stack) == [pid]  # the same session: kept
-        async with pg_connection(stack.database_url) as conn:
+        async with support.pg_connection(stack.database_url) as conn:
             await conn.execute("SELECT pg_terminate_backend($1)", pid)
-        await insert_holds(stack.database_url, 5)
-        await eventually(lambda: _scanner_pids_are(stack, []))
+        await support.insert_holds(stack.database_url, 5)
+        await support.eventually(lambda: _scanner_pids_are(stack, []))
         assert (await scan.scan_once(stack.settings, links=links)).published == 5
         [again] = await _scanner_pids(stack)
         assert again != pid
-        await eventually(lambda: _closed_scanner_connection(stack))  # once the API lists it
-        await insert_holds(stack.database_url, 5)
+        await support.eventually(lambda: _closed_scanner_connection(stack))  # once the API lists it
+        await support.insert_holds(stack.database_url, 5)
         assert (await scan.scan_once(stack.settings, links=links)).published == 5
     finally:
         await links.close()
     assert await _scanner_pids(stack) == []
-    assert len({m.message_id for m in await drain_queue(stack.amqp_url, "expirations")}) == 20
+    assert (
+        len({m.message_id for m in await support.drain_queue(stack.amqp_url, "expirations")}) == 20
+    )
 
 
-async def _closed_scanner_connection(stack: Stack) -> bool:
+async def _closed_scanner_connection(stack: support.Stack) -> bool:
     return await stack.management.close_connections(stack.vhost, named="expiry-produce") == 1
 
 
-async def _scanner_pids_are(stack: Stack, pids: list[int]) -> bool:
+async def _scanner_pids_are(stack: support.Stack, pids: list[int]) -> bool:
     return await _scanner_pids(stack) == pids
 
 
-async def test_due_is_decided_by_the_database_clock(stack: Stack) -> None:
+async def test_due_is_decided_by_the_database_clock(stack: support.Stack) -> None:
     """A hold due in two seconds by the database's clock is published only after that."""
-    await insert_holds(stack.database_url, 5, due_in=2.0)
+    await support.insert_holds(stack.database_url, 5, due_in=2.0)
     assert (await scan.scan_once(stack.settings)).published == 0
     await asyncio.sleep(2.2)
     assert (await scan.scan_once(stack.settings)).published == 5
 
 
-async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stack: Stack) -> None:
+async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(
+    stack: support.Stack,
+) -> None:
     """The broker refuses the work queue's publishes: the scan fails, its claims lapse at once,
     and the next scan publishes the same message ids."""
-    await insert_holds(stack.database_url, 5)
+    await support.insert_holds(stack.database_url, 5)
     await scan.scan_once(stack.settings)  # declares, and leaves the queue over the limit below
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE publish_leases SET lease_until = now()")
     await stack.management.set_policy(
         stack.vhost,
@@ -375,21 +364,21 @@ async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(stac
             "definition": {"max-length": 0, "overflow": "reject-publish"},
         },
     )
-    await eventually(lambda: _refuses(stack))
+    await support.eventually(lambda: _refuses(stack))
     with pytest.raises(PublishNotConfirmed):
         await scan.scan_once(stack.settings)
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         live = await conn.fetchval("SELECT count(*) FROM publish_leases WHERE lease_until > now()")
     assert live == 0
     await stack.management.delete_policy(stack.vhost, "refuse-work")
-    await drain_queue(stack.amqp_url, "expirations")
-    async with pg_connection(stack.database_url) as conn:
+    await support.drain_queue(stack.amqp_url, "expirations")
+    async with support.pg_connection(stack.database_url) as conn:
         await conn.execute("UPDATE publish_leases SET lease_until = now()")
     assert (await scan.scan_once(stack.settings)).published == 5
-    ids = {m.message_id for m in await drain_queue(stack.amqp_url, "expirations")}
+    ids = {m.message_id for m in await support.drain_queue(stack.amqp_url, "expirations")}
     assert len(ids) == 5
 
 
-async def _refuses(stack: Stack) -> bool:
+async def _refuses(stack: support.Stack) -> bool:
     info = await stack.management.queue(stack.vhost, "expirations")
     return bool(info.get("effective_policy_definition", {}).get("max-length") == 0)

@@ -38,24 +38,7 @@ from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule, parse_owner
 from service.core.domain import Outcome, command_body, message_id
 from service.core.recorded_policy import Policy, policy_in_force
 from service.settings import Settings
-from tests.support import (
-    RUN_ID,
-    Endpoints,
-    Stack,
-    eventually,
-    free_port,
-    insert_holds,
-    missing,
-    pg_connection,
-    publish_raw,
-    queue_depth,
-    running_consumer,
-    stack_settings,
-    statuses,
-    transitions_per_reservation,
-    wait_for_consumers,
-    with_database,
-)
+from tests import support
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +59,7 @@ def as_role(url: str, role: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
 
 
-def role_settings(stack: Stack, role: str, **overrides: object) -> Settings:
+def role_settings(stack: support.Stack, role: str, **overrides: object) -> Settings:
     """The stack's settings, connecting to its database as ``role``."""
     return stack.settings.model_copy(
         update={"database_url": as_role(stack.database_url, role), **overrides}
@@ -86,11 +69,13 @@ def role_settings(stack: Stack, role: str, **overrides: object) -> Settings:
 @contextlib.asynccontextmanager
 async def connected_as(url: str, role: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
     """A connection to the database of ``url`` as ``role``."""
-    async with pg_connection(as_role(url, role)) as conn:
+    async with support.pg_connection(as_role(url, role)) as conn:
         yield conn
 
 
-def command(module: str, stack: Stack, role: str, *args: str) -> subprocess.CompletedProcess[str]:
+def command(
+    module: str, stack: support.Stack, role: str, *args: str
+) -> subprocess.CompletedProcess[str]:
     """``python -m <module> args`` against the stack as ``role`` (alice may replay)."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -107,25 +92,27 @@ def command(module: str, stack: Stack, role: str, *args: str) -> subprocess.Comp
 
 async def admin(url: str, *statements: str) -> None:
     """Run ``statements`` on the server of ``url`` as its (superuser) user."""
-    async with pg_connection(url) as conn:
+    async with support.pg_connection(url) as conn:
         for statement in statements:
             await conn.execute(statement)
 
 
 @contextlib.asynccontextmanager
-async def scratch_database(endpoints: Endpoints, *, owner: str | None = None) -> AsyncIterator[str]:
+async def scratch_database(
+    endpoints: support.Endpoints, *, owner: str | None = None
+) -> AsyncIterator[str]:
     """An empty database of this test (owned by ``owner``); its URL, as the superuser."""
-    name = f"expiry_roles_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    name = f"expiry_roles_{support.RUN_ID}_{uuid.uuid4().hex[:8]}"
     owned = f" OWNER {owner}" if owner else ""
     await admin(endpoints.database_url, f"CREATE DATABASE {name}{owned}")
     try:
-        yield with_database(endpoints.database_url, name)
+        yield support.with_database(endpoints.database_url, name)
     finally:
         await admin(endpoints.database_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @contextlib.asynccontextmanager
-async def throwaway_roles(endpoints: Endpoints, *names: str) -> AsyncIterator[None]:
+async def throwaway_roles(endpoints: support.Endpoints, *names: str) -> AsyncIterator[None]:
     """Drop ``names`` afterwards (drop their databases first: grants pin a role)."""
     try:
         yield
@@ -135,7 +122,10 @@ async def throwaway_roles(endpoints: Endpoints, *names: str) -> AsyncIterator[No
 
 def renamed_roles(suffix: str) -> dict[str, str]:
     """Runtime role name -> a name unique to one test."""
-    return {role: f"xr_{RUN_ID}_{suffix}_{role.removeprefix('expiry_')}" for role in RUNTIME_ROLES}
+    return {
+        role: f"xr_{support.RUN_ID}_{suffix}_{role.removeprefix('expiry_')}"
+        for role in RUNTIME_ROLES
+    }
 
 
 def roles_migration(names: dict[str, str]) -> str:
@@ -185,7 +175,7 @@ def dead_letter(message: str, *, last_seen: datetime) -> DeadLetterRecord:
 
 async def applied_versions(url: str) -> list[str]:
     """The versions that ``schema_migrations`` records."""
-    async with pg_connection(url) as conn:
+    async with support.pg_connection(url) as conn:
         rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY 1")
     return [row["version"] for row in rows]
 
@@ -193,44 +183,47 @@ async def applied_versions(url: str) -> list[str]:
 # -- every command does its whole job as its role ------------------------------------
 
 
-async def test_the_scan_claims_publishes_and_records_leases_as_expiry_scan(stack: Stack) -> None:
+async def test_the_scan_claims_publishes_and_records_leases_as_expiry_scan(
+    stack: support.Stack,
+) -> None:
     """``produce.scan`` as expiry_scan publishes every due hold once and records its leases."""
-    due = await insert_holds(stack.database_url, 30)
-    await insert_holds(stack.database_url, 5, due_in=3600)
+    due = await support.insert_holds(stack.database_url, 30)
+    await support.insert_holds(stack.database_url, 5, due_in=3600)
     settings = role_settings(stack, SCAN, scan_batch_size=7)  # several pages, pipelined
     assert (await scan.scan_once(settings)).published == 30
     assert (await scan.scan_once(settings)).published == 0  # every lease is live
-    assert await queue_depth(stack.amqp_url, "expirations") == 30
-    async with pg_connection(stack.database_url) as conn:
+    assert await support.queue_depth(stack.amqp_url, "expirations") == 30
+    async with support.pg_connection(stack.database_url) as conn:
         leases = await conn.fetch("SELECT reservation_id, publish_count FROM publish_leases")
     assert {row["reservation_id"] for row in leases} == set(due)
     assert {row["publish_count"] for row in leases} == {1}
 
 
 async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
-    stack: Stack, caplog: pytest.LogCaptureFixture
+    stack: support.Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A consumer as expiry_consumer expires due holds once, retries nothing, records poison
     with its policy and its default owner (audited as expiry_consumer), reads the gauges."""
     caplog.set_level(logging.INFO)
-    due = await insert_holds(stack.database_url, 40)
-    future = await insert_holds(stack.database_url, 5, due_in=3600)
-    port = free_port()
+    due = await support.insert_holds(stack.database_url, 40)
+    future = await support.insert_holds(stack.database_url, 5, due_in=3600)
+    port = support.free_port()
     owners = parse_owner_rules("db.*=team-db,poison.*=team-producers")
     settings = role_settings(stack, CONSUMER, http_port=port, dead_letter_owners=owners)
     metrics = Metrics()
-    async with running_consumer(settings, metrics=metrics, backlog_every=0.2) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack, settings, metrics=metrics, backlog_every=0.2):
         assert (await scan.scan_once(role_settings(stack, SCAN))).published == len(due)
-        await publish_raw(stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk"])
-        await eventually(lambda: _expired_and_recorded(stack, len(due), ["junk"]))
-        await eventually(lambda: _gauges_read(metrics, open_classes={"poison.not-json": 1}))
+        await support.publish_raw(
+            stack.amqp_url, [b"<html>not a command</html>"], message_ids=["junk"]
+        )
+        await support.eventually(lambda: _expired_and_recorded(stack, len(due), ["junk"]))
+        await support.eventually(lambda: _gauges_read(metrics, open_classes={"poison.not-json": 1}))
         async with httpx.AsyncClient() as client:
             ready = await client.get(f"http://127.0.0.1:{port}/readyz")
         assert ready.status_code == 200, ready.text
-    assert await statuses(stack.database_url) == {"expired": len(due), "held": len(future)}
-    assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(due, 1)
-    assert await queue_depth(stack.amqp_url, "expirations.dead") == 1
+    assert await support.statuses(stack.database_url) == {"expired": len(due), "held": len(future)}
+    assert await support.transitions_per_reservation(stack.database_url) == dict.fromkeys(due, 1)
+    assert await support.queue_depth(stack.amqp_url, "expirations.dead") == 1
     events = [record.getMessage() for record in caplog.records]
     assert "expiry.retry" not in events
     complaints = [
@@ -239,7 +232,7 @@ async def test_the_consumer_expires_and_records_dead_letters_as_expiry_consumer(
         if record.levelno >= logging.WARNING and record.getMessage() != "expiry.dead_letter"
     ]
     assert complaints == []  # no refused statement, backlog gauge or dead-letter record
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         record = await conn.fetchrow("SELECT id, owner, policy FROM dead_letters")
         assert record is not None
         audit = await conn.fetch(
@@ -265,30 +258,29 @@ async def _gauges_read(metrics: Metrics, *, open_classes: dict[str, int]) -> boo
     )
 
 
-async def _expired_and_recorded(stack: Stack, expired: int, message_ids: list[str]) -> bool:
-    async with pg_connection(stack.database_url) as conn:
+async def _expired_and_recorded(stack: support.Stack, expired: int, message_ids: list[str]) -> bool:
+    async with support.pg_connection(stack.database_url) as conn:
         done = await conn.fetchval("SELECT count(*) FROM reservations WHERE status = 'expired'")
         recorded = await conn.fetch("SELECT message_id FROM dead_letters")
     return done == expired and sorted(row["message_id"] for row in recorded) == sorted(message_ids)
 
 
 async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
-    stack: Stack,
+    stack: support.Stack,
 ) -> None:
     """deadletters list/show/replay, status and verify all work as expiry_operator."""
-    [held] = await insert_holds(stack.database_url, 1)
+    [held] = await support.insert_holds(stack.database_url, 1)
     unknown = uuid.uuid4()
     deadline = datetime(2020, 1, 1, tzinfo=UTC)
-    async with running_consumer(role_settings(stack, CONSUMER)) as task:
-        await wait_for_consumers(stack.amqp_url, 1, task)
+    async with support.attached_consumer(stack, role_settings(stack, CONSUMER)):
         assert (await scan.scan_once(role_settings(stack, SCAN))).published == 1
-        await publish_raw(
+        await support.publish_raw(
             stack.amqp_url,
             [b"<html>not a command</html>", command_body(unknown, deadline)],
             message_ids=["junk", message_id(unknown, deadline)],
         )
         both = ["junk", message_id(unknown, deadline)]
-        await eventually(lambda: _expired_and_recorded(stack, 1, both))
+        await support.eventually(lambda: _expired_and_recorded(stack, 1, both))
         records = await _dead_letter_ids(stack)
 
         listing = command("service.deadletters", stack, OPERATOR, "list")
@@ -301,7 +293,9 @@ async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
         replay = command("service.deadletters", stack, OPERATOR, *replay_args)
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert "republished" in replay.stdout
-        await eventually(lambda: _times_dead(stack, "junk", 2))  # the recorder's update path
+        await support.eventually(
+            lambda: _times_dead(stack, "junk", 2)
+        )  # the recorder's update path
 
     status = command("service.status", stack, OPERATOR, "--json")
     assert status.returncode == 4, status.stdout + status.stderr  # the consumer has stopped
@@ -309,20 +303,20 @@ async def test_the_operator_lists_shows_replays_and_checks_as_expiry_operator(
     assert json.loads(status.stdout)["dead_letters_by_class"]["poison.not-json"] == 1
     verify = command("service.verify", stack, OPERATOR)
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         audit = await conn.fetch("SELECT operator, outcome, db_user FROM dead_letter_replays")
     assert [tuple(row) for row in audit] == [("alice", "republished", OPERATOR)]
-    assert await transitions_per_reservation(stack.database_url) == {held: 1}
+    assert await support.transitions_per_reservation(stack.database_url) == {held: 1}
 
 
-async def _dead_letter_ids(stack: Stack) -> dict[str, int]:
-    async with pg_connection(stack.database_url) as conn:
+async def _dead_letter_ids(stack: support.Stack) -> dict[str, int]:
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch("SELECT message_id, id FROM dead_letters")
     return {row["message_id"]: row["id"] for row in rows}
 
 
-async def _times_dead(stack: Stack, key: str, times: int) -> bool:
-    async with pg_connection(stack.database_url) as conn:
+async def _times_dead(stack: support.Stack, key: str, times: int) -> bool:
+    async with support.pg_connection(stack.database_url) as conn:
         row = await conn.fetchrow(
             "SELECT times_dead, status FROM dead_letters WHERE message_id = $1", key
         )
@@ -332,10 +326,12 @@ async def _times_dead(stack: Stack, key: str, times: int) -> bool:
 # -- every statement of each role, including the rare paths --------------------------
 
 
-async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: Stack) -> None:
+async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(
+    stack: support.Stack,
+) -> None:
     """Guarded updates, crash counts, dead-letter upserts and the gauges run as the consumer."""
-    first, second, third = await insert_holds(stack.database_url, 3)
-    [future] = await insert_holds(stack.database_url, 1, due_in=3600)
+    first, second, third = await support.insert_holds(stack.database_url, 3)
+    [future] = await support.insert_holds(stack.database_url, 1, due_in=3600)
     async with connected_as(stack.database_url, CONSUMER) as conn:
         await postgres.ping(conn)
         assert (await postgres.backlog(conn)).total == 3
@@ -375,7 +371,7 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
         assert await postgres.record_dead_letter(conn, later, policy=policy, owner=rule)
         assert not await postgres.record_dead_letter(conn, later, policy=policy, owner=rule)
         assert await postgres.unowned_and_oldest_open(conn) == (0, 0.0)
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         row = await conn.fetchrow("SELECT times_dead, owner, policy FROM dead_letters")
         assert row is not None
         times_dead, owner, stored = row
@@ -383,14 +379,14 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(stack: St
         events = await conn.fetch("SELECT kind, operator, db_user FROM dead_letter_events")
     assert (times_dead, crashes, owner, Policy.from_json(stored)) == (3, 0, rule.owner, policy)
     assert [tuple(event) for event in events] == [("assigned", DEFAULT_OPERATOR, CONSUMER)]
-    assert await transitions_per_reservation(stack.database_url) == dict.fromkeys(
+    assert await support.transitions_per_reservation(stack.database_url) == dict.fromkeys(
         (first, second, third), 1
     )
 
 
-async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: Stack) -> None:
+async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: support.Stack) -> None:
     """Claims, lease takeovers, records and releases all run as the scan."""
-    ids = await insert_holds(stack.database_url, 4)
+    ids = await support.insert_holds(stack.database_url, 4)
     messages = [f"m{n}" for n in range(4)]
     async with connected_as(stack.database_url, SCAN) as conn:
         until = await postgres.db_now(conn)
@@ -409,9 +405,11 @@ async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: Stack) -> 
         assert {hold.id for hold in page} == claimed == set(ids[2:])
 
 
-async def test_every_statement_of_the_operator_runs_as_expiry_operator(stack: Stack) -> None:
+async def test_every_statement_of_the_operator_runs_as_expiry_operator(
+    stack: support.Stack,
+) -> None:
     """Listing, showing, auditing replays, status and verify's queries run as the operator."""
-    [rid] = await insert_holds(stack.database_url, 1)
+    [rid] = await support.insert_holds(stack.database_url, 1)
     async with connected_as(stack.database_url, CONSUMER) as conn:
         await postgres.expire_reservation(conn, rid, message_id="m1", attempt=1, worker="w")
         await postgres.record_dead_letter(conn, dead_letter("junk", last_seen=datetime.now(UTC)))
@@ -556,7 +554,7 @@ CANNOT = {
 
 @pytest.mark.parametrize("role", RUNTIME_ROLES)
 async def test_each_role_is_refused_everything_its_job_does_not_need(
-    stack: Stack, role: str
+    stack: support.Stack, role: str
 ) -> None:
     """Every statement outside a role's job is refused with InsufficientPrivilegeError."""
     allowed: list[str] = []
@@ -585,11 +583,11 @@ async def test_each_role_is_refused_everything_its_job_does_not_need(
     ],
 )
 async def test_nobody_truncates_the_audit_tables_not_even_their_owner(
-    stack: Stack, statement: str
+    stack: support.Stack, statement: str
 ) -> None:
     """The owner (here a superuser) is refused TRUNCATE of an audit table, cascading or not."""
-    await insert_holds(stack.database_url, 1)
-    async with pg_connection(stack.database_url) as conn:
+    await support.insert_holds(stack.database_url, 1)
+    async with support.pg_connection(stack.database_url) as conn:
         with pytest.raises(asyncpg.RaiseError, match="is append-only"):
             await conn.execute(statement)
 
@@ -667,10 +665,12 @@ GRANTS = {
 }
 
 
-async def test_the_grants_are_exactly_the_matrix_and_public_holds_nothing(stack: Stack) -> None:
+async def test_the_grants_are_exactly_the_matrix_and_public_holds_nothing(
+    stack: support.Stack,
+) -> None:
     """Only the runtime roles hold privileges (nothing on sequences), exactly these; they own
     nothing."""
-    async with pg_connection(stack.database_url) as conn:
+    async with support.pg_connection(stack.database_url) as conn:
         rows = await conn.fetch(GRANTS_OF)
         owned = await conn.fetch(
             "SELECT relname FROM pg_class WHERE relowner::regrole::text = ANY($1::text[]) "
@@ -690,10 +690,10 @@ async def test_the_grants_are_exactly_the_matrix_and_public_holds_nothing(stack:
 # -- migrating ---------------------------------------------------------------------
 
 
-async def test_a_second_database_migrates_and_migrates_again(endpoints: Endpoints) -> None:
+async def test_a_second_database_migrates_and_migrates_again(endpoints: support.Endpoints) -> None:
     """Another database of the cluster migrates with the roles already there; again is a no-op."""
     async with scratch_database(endpoints) as url:
-        settings = stack_settings(url, endpoints.amqp_url)
+        settings = support.stack_settings(url, endpoints.amqp_url)
         assert await migrate(settings) == [m.version for m in load_migrations()]
         assert await migrate(settings) == []
         [sql] = [m.sql for m in load_migrations() if m.version == ROLES_MIGRATION]
@@ -703,18 +703,18 @@ async def test_a_second_database_migrates_and_migrates_again(endpoints: Endpoint
 
 
 async def test_an_owner_without_superuser_migrates_when_the_roles_exist(
-    endpoints: Endpoints,
+    endpoints: support.Endpoints,
 ) -> None:
     """A plain login role that owns the database migrates it (roles pre-created) and owns it all."""
-    owner = f"xr_{RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
+    owner = f"xr_{support.RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
     await admin(endpoints.database_url, f"CREATE ROLE {owner} LOGIN")  # no CREATEROLE
     async with (
         throwaway_roles(endpoints, owner),
         scratch_database(endpoints, owner=owner) as url,
     ):
-        settings = stack_settings(as_role(url, owner), endpoints.amqp_url)
+        settings = support.stack_settings(as_role(url, owner), endpoints.amqp_url)
         assert await migrate(settings) == [m.version for m in load_migrations()]
-        async with pg_connection(url) as conn:
+        async with support.pg_connection(url) as conn:
             owners = await conn.fetch(
                 "SELECT DISTINCT relowner::regrole::text AS owner FROM pg_class "
                 "WHERE relnamespace = 'public'::regnamespace"
@@ -725,17 +725,17 @@ async def test_an_owner_without_superuser_migrates_when_the_roles_exist(
 
 
 async def test_a_missing_role_the_owner_may_not_create_fails_with_one_clear_line(
-    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+    endpoints: support.Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without CREATEROLE and without the roles, migrate says to create the roles first."""
     names = renamed_roles(uuid.uuid4().hex[:6])
-    owner = f"xr_{RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
+    owner = f"xr_{support.RUN_ID}_{uuid.uuid4().hex[:6]}_owner"
     await admin(endpoints.database_url, f"CREATE ROLE {owner} LOGIN")
     async with (
         throwaway_roles(endpoints, owner, *names.values()),
         scratch_database(endpoints, owner=owner) as url,
     ):
-        settings = stack_settings(as_role(url, owner), endpoints.amqp_url)
+        settings = support.stack_settings(as_role(url, owner), endpoints.amqp_url)
         with (
             migrations_replaced(monkeypatch, migrations_with(names)),
             pytest.raises(asyncpg.InsufficientPrivilegeError) as refused,
@@ -749,7 +749,7 @@ async def test_a_missing_role_the_owner_may_not_create_fails_with_one_clear_line
 
 
 async def test_two_databases_migrating_at_once_create_each_missing_role_once(
-    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+    endpoints: support.Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A migration that waits on another's uncommitted CREATE ROLE succeeds once that commits."""
     names = renamed_roles(uuid.uuid4().hex[:6])
@@ -761,23 +761,23 @@ async def test_two_databases_migrating_at_once_create_each_missing_role_once(
     ):
         with migrations_replaced(monkeypatch, before_roles()):
             for url in (first_url, second_url):
-                await migrate(stack_settings(url, endpoints.amqp_url))
+                await migrate(support.stack_settings(url, endpoints.amqp_url))
         async with (
-            pg_connection(first_url) as first,
-            pg_connection(second_url) as second,
-            pg_connection(endpoints.database_url) as watcher,
+            support.pg_connection(first_url) as first,
+            support.pg_connection(second_url) as second,
+            support.pg_connection(endpoints.database_url) as watcher,
         ):
             leading = first.transaction()
             await leading.start()
             await first.execute(sql)  # creates the roles, not committed yet
             waiting = asyncio.create_task(_in_transaction(second, sql))
-            await eventually(lambda: _waits_on_a_lock(watcher, second.get_server_pid()))
+            await support.eventually(lambda: _waits_on_a_lock(watcher, second.get_server_pid()))
             await leading.commit()
             await waiting  # it created nothing, and granted the same
         for url in (first_url, second_url):
             async with connected_as(url, names[OPERATOR]) as conn:
                 assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
-        async with pg_connection(endpoints.database_url) as conn:
+        async with support.pg_connection(endpoints.database_url) as conn:
             created = await conn.fetch(
                 "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY($1::text[])",
                 list(names.values()),
@@ -802,20 +802,20 @@ async def _waits_on_a_lock(conn: asyncpg.Connection[asyncpg.Record], pid: int) -
 
 
 async def test_init_sql_prepares_the_server_for_an_owner_without_superuser(
-    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+    endpoints: support.Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """postgres/init.sql makes the roles and the database; migrate runs as the owner; a rerun
     keeps every role as it is."""
     psql = shutil.which("psql")
     if psql is None:
-        missing("psql is not installed")
+        support.missing("psql is not installed")
     suffix = uuid.uuid4().hex[:6]
     names = renamed_roles(suffix)
-    names["expiry_owner"] = owner = f"xr_{RUN_ID}_{suffix}_owner"
-    database = f"xr_{RUN_ID}_{suffix}_db"
+    names["expiry_owner"] = owner = f"xr_{support.RUN_ID}_{suffix}_owner"
+    database = f"xr_{support.RUN_ID}_{suffix}_db"
     script = re.sub(r"\b(expiry_\w+)\b", lambda m: names.get(m.group(1), m.group(1)), INIT_SQL)
     script = re.sub(r"\bexpiry\b", database, script)
-    url = with_database(endpoints.database_url, database)
+    url = support.with_database(endpoints.database_url, database)
     try:
         _run_psql(str(psql), endpoints.database_url, script)
         await admin(url, f"ALTER ROLE {names[CONSUMER]} PASSWORD 'changed-since'")
@@ -824,10 +824,10 @@ async def test_init_sql_prepares_the_server_for_an_owner_without_superuser(
         assert await _passwords(endpoints.database_url, names) == before
         assert set(before) == set(names.values())  # each role has a password
         with migrations_replaced(monkeypatch, migrations_with(names)):
-            await migrate(stack_settings(as_role(url, owner), endpoints.amqp_url))
+            await migrate(support.stack_settings(as_role(url, owner), endpoints.amqp_url))
         async with connected_as(url, names[OPERATOR]) as conn:
             assert await conn.fetchval("SELECT count(*) FROM reservations") == 0
-        async with pg_connection(url) as conn:
+        async with support.pg_connection(url) as conn:
             database_owner = await conn.fetchval(
                 "SELECT datdba::regrole::text FROM pg_database WHERE datname = $1", database
             )
@@ -866,7 +866,7 @@ def _run_psql(psql: str, url: str, script: str) -> None:
 
 async def _passwords(url: str, names: dict[str, str]) -> dict[str, str]:
     """Each of the roles that has a password: its stored hash."""
-    async with pg_connection(url) as conn:
+    async with support.pg_connection(url) as conn:
         rows = await conn.fetch(
             "SELECT rolname, rolpassword FROM pg_authid "
             "WHERE rolname = ANY($1::text[]) AND rolpassword IS NOT NULL",
