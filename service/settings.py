@@ -289,8 +289,22 @@ class _Operators(BaseSettings):
         return value
 
 
-class Settings(_Operators, _Telemetry, _Pipeline, _Connections):
-    """Every knob of the service (docs/reference.md has the table), by concern in the four
+class _Retention(BaseSettings):
+    """How long the service keeps what it writes (``python -m service.retention``;
+    docs/operations.md, "Retention", has the arithmetic)."""
+
+    # The audit trail (transitions, dead-letter events and replays, console logins), and
+    # dead letters closed or replayed, and ended console sessions: kept this many days at
+    # least (the audit goes a whole week at a time, so up to 7 more).
+    retention_days: int = Field(default=90, ge=7, le=36500)
+    # Weekly partitions are made this far ahead of the clock.
+    retention_ahead_days: int = Field(default=28, ge=14, le=366)
+    # Working records (scan passes and retention runs of runners gone quiet, crash counters).
+    retention_working_days: int = Field(default=7, ge=1, le=36500)
+
+
+class Settings(_Retention, _Operators, _Telemetry, _Pipeline, _Connections):
+    """Every knob of the service (docs/reference.md has the table), by concern in the five
     classes above; one model, read from the environment once."""
 
     model_config = SettingsConfigDict(

@@ -1,4 +1,5 @@
-"""The gauges a process reads from the database: the backlog, its clock's drift, and (where
+"""The gauges a process reads from the database: the backlog, its clock's drift, what
+retention keeps (each table's size, the audit's range, the last run), and (where
 its role may read them) open dead letters, how many nobody owns and the oldest one's age;
 once, or on a timer."""
 
@@ -10,6 +11,7 @@ import logging
 from service.adapters import postgres
 from service.adapters.classify import classify
 from service.adapters.metrics import Gauges
+from service.adapters.postgres import retention
 from service.settings import Settings
 
 log = logging.getLogger("service.metrics")
@@ -26,6 +28,7 @@ async def read_gauges(conn: postgres.Connection, gauges: Gauges, *, dead_letters
     """Read them now (``dead_letters``: the role may read ``dead_letters``)."""
     gauges.backlog = await postgres.backlog(conn)
     gauges.clock_drift_seconds = await postgres.clock_drift(conn)
+    await _read_retention(conn, gauges)
     if dead_letters:
         gauges.open_dead_letters = dict(await postgres.dead_letters_by_class(conn))
         unowned, oldest = await postgres.unowned_and_oldest_open(conn)
@@ -47,3 +50,15 @@ async def refresh_gauges(
         except Exception as exc:
             log.warning("metrics.refresh_failed", extra={"error_class": classify(exc)[1]})
         await asyncio.sleep(every)
+
+
+async def _read_retention(conn: postgres.Connection, gauges: Gauges) -> None:
+    now = await postgres.db_now(conn)
+    retained = await retention.retained(conn)
+    gauges.table_bytes = {t.name: float(t.bytes) for t in retained.tables}
+    gauges.retained_since = {t.name: t.since.timestamp() for t in retained.tables if t.since}
+    gauges.partitions_ahead_seconds = {
+        t.name: (t.until - now).total_seconds() for t in retained.tables if t.until
+    }
+    last = retained.last_ok
+    gauges.retention_last_success = last.timestamp() if last is not None else 0.0

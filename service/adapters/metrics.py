@@ -66,7 +66,7 @@ def _value(read: Callable[[Gauges], float | None]) -> Observe:
     return observe
 
 
-def _by(label: str, read: Callable[[Gauges], Mapping[str, int] | None]) -> Observe:
+def _by(label: str, read: Callable[[Gauges], Mapping[str, float] | None]) -> Observe:
     """One observation a key, labelled ``label``; none while unknown (``None``)."""
 
     def observe(gauges: Gauges, _options: CallbackOptions) -> Iterable[Observation]:
@@ -89,6 +89,13 @@ class Gauges:
         self.objective_seconds = 0.0
         self.drift_tolerance_seconds = 0.0
         self.dead_letter_age_objective_seconds = 0.0
+        # Retention (None: not read yet): each table's bytes; each audit table's oldest
+        # partition start (Unix time) and how far its partitions reach past now; the last
+        # retention run that succeeded (Unix time, 0: none).
+        self.table_bytes: dict[str, float] | None = None
+        self.retained_since: dict[str, float] | None = None
+        self.partitions_ahead_seconds: dict[str, float] | None = None
+        self.retention_last_success: float | None = None
         for name, unit, description, observe in GAUGES:
             meter.create_observable_gauge(
                 name, callbacks=[partial(observe, self)], unit=unit, description=description
@@ -132,6 +139,30 @@ GAUGES: tuple[tuple[str, str, str, Observe], ...] = (
         "s",
         "Since the oldest open dead letter was last dead-lettered (0: none open)",
         _value(lambda g: g.oldest_open_dead_letter_age_seconds),
+    ),
+    (
+        "expiry.table.size",
+        "By",
+        "Bytes on disk of each of the service's tables (all partitions, indexes, TOAST)",
+        _by("table", lambda g: g.table_bytes),
+    ),
+    (
+        "expiry.audit.retained_since",
+        "s",
+        "Where each audit table's oldest partition begins (Unix time): nothing older is kept",
+        _by("table", lambda g: g.retained_since),
+    ),
+    (
+        "expiry.audit.partitions_ahead",
+        "s",
+        "How far each audit table's partitions reach past now (a row later has no partition)",
+        _by("table", lambda g: g.partitions_ahead_seconds),
+    ),
+    (
+        "expiry.retention.last_success_timestamp",
+        "s",
+        "When python -m service.retention last succeeded (Unix time; 0: never)",
+        _value(lambda g: g.retention_last_success),
     ),
     (
         "expiry.dead_letter_age_objective",

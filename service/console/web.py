@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from service.adapters import amqp, postgres
 from service.adapters.postgres import console as store
 from service.console import auth, guard, sessions
 from service.core import recorded_policy
+from service.core.durations import human
 from service.core.inputs import clean_text
 from service.ops import dead_letters
 from service.settings import OPERATOR_LIMIT, Settings
@@ -39,6 +38,7 @@ BROKER_RETRY_SECONDS = 10.0
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["cell"] = dead_letters.cell
+templates.env.filters["age"] = human
 templates.env.globals["describe_policy"] = recorded_policy.describe
 
 
@@ -73,15 +73,10 @@ class Console:
     def actor(self, operator: str, client: str) -> postgres.Actor:
         """Who acts: the operator, the console's OS user, the browser's address."""
         return postgres.Actor(
-            clean_text(operator, OPERATOR_LIMIT), _os_user(), clean_text(client, 100) or "-"
+            clean_text(operator, OPERATOR_LIMIT),
+            dead_letters.os_user(),
+            clean_text(client, 100) or "-",
         )
-
-
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
 
 
 def console_of(request: Request) -> Console:

@@ -220,10 +220,10 @@ def actor_named(operator: str | None) -> postgres.Actor:
     name = clean_text((operator or "").strip(), OPERATOR_LIMIT)
     if not name:
         raise UsageError("this needs --operator NAME: every act is audited with who did it")
-    return postgres.Actor(name, clean_text(_os_user(), OPERATOR_LIMIT), socket.gethostname())
+    return postgres.Actor(name, clean_text(os_user(), OPERATOR_LIMIT), socket.gethostname())
 
 
-def _os_user() -> str:
+def os_user() -> str:
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)

@@ -26,8 +26,9 @@ from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
 from service.adapters.metrics import Backlog
-from service.adapters.postgres import ownership
+from service.adapters.postgres import ownership, retention
 from service.adapters.postgres.leases import ScanPass, last_passes, newest_publish_age
+from service.adapters.postgres.retention import Retained
 from service.adapters.postgres.schema import schema_state
 from service.core.durations import human
 from service.core.redaction import redact
@@ -54,6 +55,7 @@ SCAN_STALL_MARGIN_SECONDS = 5.0
 PASSES_READ = 5
 MIGRATE_COMMAND = "python -m service.migrate"
 DECLARE_COMMAND = "python -m service.declare"
+RETENTION_COMMAND = "python -m service.retention"
 RETRY_QUEUES = f"{RETRY_EXCHANGE}."
 # What reading the queues raises when the broker cannot be reached or read.
 BROKER_ERRORS = (OSError, aiormq.exceptions.AMQPError, TimeoutError)
@@ -71,6 +73,8 @@ class Condition(StrEnum):
     NO_SCAN_YET = "no-scan-yet"
     SCANNER_STOPPED = "scanner-stopped"
     SCAN_FAILING = "scan-failing"
+    PARTITIONS_RUNNING_OUT = "partitions-running-out"
+    RETENTION_NOT_RUN = "retention-not-run"
 
 
 EXIT_CODES = {
@@ -83,7 +87,13 @@ EXIT_CODES = {
     Condition.NO_SCAN_YET: EXIT_DEGRADED,
     Condition.SCANNER_STOPPED: EXIT_DEGRADED,
     Condition.SCAN_FAILING: EXIT_DEGRADED,
+    Condition.PARTITIONS_RUNNING_OUT: EXIT_OBJECTIVE_MISSED,
+    Condition.RETENTION_NOT_RUN: EXIT_DEGRADED,
 }
+# Retention: partitions must reach a week past now, and a run succeed once a day (counted
+# from when retention began, for a deployment that has never run it).
+PARTITIONS_AHEAD_MIN_SECONDS = 7 * 86400.0
+RETENTION_RUN_MAX_AGE_SECONDS = 86400.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,25 @@ class Status:
     missing_migrations: list[str] = field(default_factory=list)
     queues: list[QueueState] = field(default_factory=list)
     broker_error: str | None = None
+    retention: Retained | None = None  # each table's size, the audit's range, the last run
+    retention_began: datetime | None = None  # the migration that brought retention
+    database_now: datetime | None = None
+
+    @property
+    def partitions_ahead_seconds(self) -> float | None:
+        """How far the audit tables' partitions reach past now: the shortest."""
+        if self.retention is None or self.database_now is None:
+            return None
+        reach = [t.until for t in self.retention.tables if t.until is not None]
+        return min(reach).timestamp() - self.database_now.timestamp() if reach else None
+
+    @property
+    def retention_run_age_seconds(self) -> float | None:
+        """Since the last successful run (or, never run, since retention began)."""
+        if self.retention is None or self.database_now is None:
+            return None
+        last = self.retention.last_ok or self.retention_began
+        return None if last is None else (self.database_now - last).total_seconds()
 
     @property
     def objective_met(self) -> bool | None:
@@ -172,6 +201,7 @@ def assess(status: Status) -> list[Problem]:
     found = [*_database_problems(status), *_broker_problems(status)]
     if status.backlog is not None:
         found += [*_backlog_problems(status, status.backlog), *_scan_problems(status)]
+        found += _retention_problems(status)
     return sorted(found, key=lambda problem: SEVERITY.index(problem.exit_code))
 
 
@@ -273,6 +303,30 @@ def _scan_problems(status: Status) -> Iterator[Problem]:
         )
 
 
+def _retention_problems(status: Status) -> Iterator[Problem]:
+    ahead = status.partitions_ahead_seconds
+    if ahead is not None and ahead < PARTITIONS_AHEAD_MIN_SECONDS:
+        reach = f"only {human(ahead)} past now" if ahead > 0 else f"{human(-ahead)} short of now"
+        yield Problem(
+            Condition.PARTITIONS_RUNNING_OUT,
+            f"the audit tables' partitions reach {reach}",
+            "an expiry stamped past the last partition cannot be written: it fails, is "
+            "retried, then dead-lettered",
+            f"Run {RETENTION_COMMAND} as the owner of the tables now, then restore its timer",
+        )
+    age = status.retention_run_age_seconds
+    if age is not None and age > RETENTION_RUN_MAX_AGE_SECONDS:
+        last = status.retention.last_ok if status.retention is not None else None
+        yield Problem(
+            Condition.RETENTION_NOT_RUN,
+            f"retention has not succeeded for {human(age)}"
+            + ("" if last is not None else " (never since it began)"),
+            "the audit trail, leases and settled dead letters grow, and no partition is made ahead",
+            f"Run {RETENTION_COMMAND} on a timer (compose's retention service), as the owner "
+            "of the tables; its last line says why it fails",
+        )
+
+
 def _no_scan_yet(status: Status) -> Problem:
     due = status.backlog.total if status.backlog is not None else 0
     return Problem(
@@ -357,6 +411,9 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.dead_letters_by_class = await postgres.dead_letters_by_class(conn)
     status.parked_holds = await ownership.parked_count(conn)
     status.passes = await last_passes(conn, PASSES_READ)
+    status.retention = await retention.retained(conn)
+    status.retention_began = await retention.retention_began(conn)
+    status.database_now = await postgres.db_now(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)
 

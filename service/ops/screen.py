@@ -8,6 +8,7 @@ failed, why ``expirations.dead`` and the open dead letters differ). What the sta
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from service.adapters.postgres.leases import ScanPass
@@ -117,7 +118,43 @@ def render(status: Status) -> str:
         lines += ["", "open dead letters by error class:"]
         by_class = status.dead_letters_by_class.items()
         lines += [f"  {name:26} {count:>6}" for name, count in by_class] or ["  none"]
+        lines += ["", *retention_lines(status)]
     return "\n".join(lines)
+
+
+def retention_lines(status: Status) -> list[str]:
+    """What is kept: the last retention run, and each table's size and retained range."""
+    kept = status.retention
+    if kept is None:
+        return ["retention: not read"]
+    age = status.retention_run_age_seconds
+    last = (
+        f"last run {human(age)} ago"
+        if kept.last_ok is not None and age is not None
+        else "never run"
+    )
+    lines = [f"retention ({last}); tables, their size and the range kept:"]
+    for table in kept.tables:
+        span = (
+            f"{_day(table.since)} .. {_day(table.until)}"
+            if table.since is not None and table.until is not None
+            else ""
+        )
+        lines.append(f"  {table.name:26} {_size(table.bytes):>9}   {span}".rstrip())
+    return lines
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def _size(count: int) -> str:
+    size, unit = float(count), "B"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def _database_lines(status: Status) -> list[str]:
@@ -182,6 +219,27 @@ def as_json(status: Status) -> dict[str, Any]:
         "missing_migrations": status.missing_migrations,
         "queues": [asdict(queue) for queue in status.queues],
         "broker_error": status.broker_error,
+        "retention": _retention_json(status),
+    }
+
+
+def _retention_json(status: Status) -> dict[str, Any] | None:
+    kept = status.retention
+    if kept is None:
+        return None
+    return {
+        "last_success": kept.last_ok.isoformat() if kept.last_ok is not None else None,
+        "run_age_seconds": status.retention_run_age_seconds,
+        "partitions_ahead_seconds": status.partitions_ahead_seconds,
+        "tables": [
+            {
+                "name": t.name,
+                "bytes": t.bytes,
+                "since": t.since.isoformat() if t.since is not None else None,
+                "until": t.until.isoformat() if t.until is not None else None,
+            }
+            for t in kept.tables
+        ],
     }
 
 

@@ -12,10 +12,11 @@ and what awaits a scan, as lines (the verdict first) or as JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from service.adapters import postgres
-from service.adapters.postgres.audit_trail import AwaitingScan, awaiting_scan
+from service.adapters.postgres.audit_trail import AwaitingScan, awaiting_scan, proven_since
 from service.adapters.postgres.leases import ScanPass, last_passes
 from service.core.durations import human
 
@@ -36,6 +37,7 @@ class Verdict:
     limit: int
     awaiting: AwaitingScan = NOTHING_AWAITS
     last_pass: ScanPass | None = None
+    since: datetime | None = None  # where the audit trail begins (retention); None: always
 
     @property
     def failed(self) -> bool:
@@ -68,6 +70,7 @@ class Verdict:
             "state": self.state,
             "verdict": self.verdict(),
             "totals": self.totals,
+            "proven_since": self.since.isoformat() if self.since is not None else None,
             "violations": self.violations,
             "awaiting_scan": {
                 "holds": self.awaiting.holds,
@@ -88,6 +91,7 @@ class Verdict:
         """The verdict, the counts, each check with its violations, what awaits a scan."""
         lines = [self.verdict()]
         lines.append("reservations: " + ", ".join(f"{k} {v}" for k, v in self.totals.items()))
+        lines.append(self._window())
         for name, found in self.violations.items():
             more = "+" if len(found) >= self.limit else ""
             mark = f"{len(found)}{more} VIOLATION(S)" if found else "ok"
@@ -106,7 +110,22 @@ class Verdict:
             return f"verify: FAILED: {broken}; verify --json lists the reservations"
         if self.awaiting.holds:
             return f"verify: no violation, but not proven yet: {self._awaiting()}"
+        if self.totals.get("expired_before_window", 0) and self.since is not None:
+            return (
+                "verify: every effect in the window happened exactly once (holds due since "
+                f"{self.since.isoformat(timespec='seconds')}; older ones are past retention)"
+            )
         return "verify: every effect happened exactly once"
+
+    def _window(self) -> str:
+        if self.since is None:
+            return "window: the whole audit trail"
+        before = self.totals.get("expired_before_window", 0)
+        return (
+            f"window: holds due since {self.since.isoformat(timespec='seconds')}, where the "
+            f"audit trail begins (retention keeps EXPIRY_RETENTION_DAYS); {before} expired "
+            "hold(s) due before it are beyond what verify can prove"
+        )
 
     def _awaiting(self) -> str:
         due = self.awaiting.oldest_due
@@ -144,4 +163,5 @@ async def verify(conn: postgres.Connection, *, limit: int, scan_interval: float)
         }
         awaiting = await awaiting_scan(conn, scan_interval=scan_interval)
         newest = await last_passes(conn, 1)
-    return Verdict(totals, violations, limit, awaiting, newest[0] if newest else None)
+        since = await proven_since(conn)
+    return Verdict(totals, violations, limit, awaiting, newest[0] if newest else None, since)

@@ -36,6 +36,7 @@ def test_the_verdict_lists_each_check_and_marks_a_full_list() -> None:
     assert verdict.lines() == [
         "verify: FAILED: none expired early (2); verify --json lists the reservations",
         "reservations: expired 3, held 1",
+        "window: the whole audit trail",
         f"{'one transition per expiry':42} ok",
         f"{'none expired early':42} 2+ VIOLATION(S)",
         "    r1  early",
@@ -43,6 +44,21 @@ def test_the_verdict_lists_each_check_and_marks_a_full_list() -> None:
     ]
     assert verdict.as_json()["ok"] is False
     assert verdict.as_json()["state"] == "violated"
+
+
+def test_the_verdict_says_where_its_window_begins_and_what_is_beyond_it() -> None:
+    """Past retention, the audit trail begins at a week's start: verify proves the holds due
+    since then, and says how many expired ones are beyond it."""
+    since = datetime(2026, 9, 7, tzinfo=UTC)
+    verdict = Verdict({"expired": 9, "expired_before_window": 4}, {"a": []}, 5, since=since)
+    assert verdict.proven
+    assert verdict.lines()[0] == (
+        "verify: every effect in the window happened exactly once (holds due since "
+        "2026-09-07T00:00:00+00:00; older ones are past retention)"
+    )
+    assert verdict.lines()[2].startswith("window: holds due since 2026-09-07T00:00:00+00:00")
+    assert "4 expired hold(s) due before it" in verdict.lines()[2]
+    assert verdict.as_json()["proven_since"] == "2026-09-07T00:00:00+00:00"
 
 
 def test_a_clean_verdict_passes() -> None:
