@@ -84,3 +84,45 @@ async def test_the_overview_marks_stale_and_failed_passes_and_shows_ages_for_peo
     assert '<span id="open-dead">0</span>' in page
     assert "expirations.retry.* (2 delay queues)" in page
     assert not re.search(r"\d{4,}\.\d s", page)  # no raw seconds
+
+
+async def test_what_is_kept_shows_and_a_stopped_retention_is_flagged_until_it_runs(
+    stack: Stack,
+) -> None:
+    """Retention began two days ago and never ran, and the audit's partitions reach only
+    the end of this week: status and the overview say ALERT (partitions running out) and
+    retention not run, show each table's size and range; one run clears both."""
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "UPDATE schema_migrations SET applied_at = now() - interval '2 days'"
+            " WHERE version = '0013_retention'"
+        )
+        later = await conn.fetch(
+            "SELECT p.relname AS parent, c.relname AS name FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent"
+            " WHERE expiry_partition_low(c.oid) > now()"
+        )
+        for row in later:
+            await conn.execute(f'ALTER TABLE "{row["parent"]}" DETACH PARTITION "{row["name"]}"')
+            await conn.execute(f'DROP TABLE "{row["name"]}"')
+    page = await _overview(stack)
+    verdict = _verdict(page)
+    assert verdict.startswith("ALERT: the audit tables' partitions reach only")
+    assert verdict == await _status_verdict(stack)
+    assert PROBLEM.findall(page)[:1] == ["partitions-running-out"]
+    assert "retention-not-run" in PROBLEM.findall(page)
+    assert "retention has not succeeded for 2d" in page
+    assert '<strong id="retention-last">never run</strong>' in page
+    assert re.search(r'<tr class="table"><td>reservation_transitions</td><td>\d+</td>', page)
+
+    ran = await asyncio.to_thread(run_module, "service.retention", env=stack.env())
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1].startswith("retention done: ")
+    page = await _overview(stack)
+    assert not {"partitions-running-out", "retention-not-run"} & set(PROBLEM.findall(page))
+    assert re.search(r'<strong id="retention-last">last run [\d.]+s ago</strong>', page)
+    status = await asyncio.to_thread(run_module, "service.status", env=stack.env())
+    assert re.search(r"retention \(last run [\d.]+s ago\)", status.stdout)
+    assert re.search(
+        r"\n  reservation_transitions +[\d.]+ [kM]?B +\d{4}-\d\d-\d\d \.\. ", status.stdout
+    )

@@ -578,8 +578,9 @@ async def test_each_role_is_refused_everything_its_job_does_not_need(
         "TRUNCATE reservation_transitions",
         "TRUNCATE dead_letter_replays",
         "TRUNCATE reservations CASCADE",
-        "TRUNCATE dead_letters CASCADE",
+        "TRUNCATE dead_letter_events",
         "TRUNCATE console_logins",
+        "TRUNCATE retention_actions",
     ],
 )
 async def test_nobody_truncates_the_audit_tables_not_even_their_owner(
@@ -662,6 +663,13 @@ GRANTS = {
     (OPERATOR, "console_sessions", "UPDATE"): "last_seen_at ended_at ended_by end_reason",
     (OPERATOR, "console_logins", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "console_logins", "INSERT"): "name known client_host device outcome detail",
+    # What retention did and when it last ran: the gauges of every process, status.
+    (CONSUMER, "retention_actions", "SELECT"): EVERY_COLUMN,
+    (CONSUMER, "retention_runs", "SELECT"): EVERY_COLUMN,
+    (SCAN, "retention_actions", "SELECT"): EVERY_COLUMN,
+    (SCAN, "retention_runs", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "retention_actions", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "retention_runs", "SELECT"): EVERY_COLUMN,
 }
 
 

@@ -66,3 +66,31 @@ async def test_flush_adds_what_waits_and_nothing_twice() -> None:
     metrics.flush()
     await asyncio.sleep(0)
     assert _sums(reader)[("expiry.commands", (("outcome", "expired"),))] == 1
+
+
+def test_what_retention_keeps_is_observed_per_table_and_nothing_before_it_is_read() -> None:
+    """Each table's bytes, each audit table's range and reach, the last run (0: never);
+    before the first read, none of them."""
+    metrics, reader = _metrics()
+    retention_names = {
+        "expiry.table.size",
+        "expiry.audit.retained_since",
+        "expiry.audit.partitions_ahead",
+        "expiry.retention.last_success_timestamp",
+    }
+    assert not {name for name, _ in _sums(reader)} & retention_names
+    gauges = metrics.gauges
+    gauges.table_bytes = {"reservation_transitions": 8192.0, "publish_leases": 0.0}
+    gauges.retained_since = {"reservation_transitions": 1_780_000_000.0}
+    gauges.partitions_ahead_seconds = {"reservation_transitions": 2_419_200.0}
+    gauges.retention_last_success = 0.0
+    seen = _sums(reader)
+    assert seen[("expiry.table.size", (("table", "reservation_transitions"),))] == 8192
+    assert seen[("expiry.table.size", (("table", "publish_leases"),))] == 0
+    assert seen[("expiry.audit.retained_since", (("table", "reservation_transitions"),))] == (
+        1_780_000_000
+    )
+    assert seen[("expiry.audit.partitions_ahead", (("table", "reservation_transitions"),))] == (
+        2_419_200
+    )
+    assert seen[("expiry.retention.last_success_timestamp", ())] == 0

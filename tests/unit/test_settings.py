@@ -84,6 +84,11 @@ SLOTS_RANGE = "EXPIRY_RETRY_JITTER_SLOTS: must be a whole number from 2 to 32"
         ("RABBITMQ_MANAGEMENT_URL", "", "RABBITMQ_MANAGEMENT_URL: must be an http://"),
         ("OTEL_TRACES_SAMPLER", "jaeger_remote", "OTEL_TRACES_SAMPLER: Input should be"),
         ("OTEL_TRACES_SAMPLER_ARG", "1.5", "OTEL_TRACES_SAMPLER_ARG: Input should be less"),
+        # Less than a week would drop the week being written.
+        ("EXPIRY_RETENTION_DAYS", "6", "EXPIRY_RETENTION_DAYS: Input should be greater than"),
+        ("EXPIRY_RETENTION_DAYS", "forever", "EXPIRY_RETENTION_DAYS: Input should be a valid"),
+        ("EXPIRY_RETENTION_AHEAD_DAYS", "7", "EXPIRY_RETENTION_AHEAD_DAYS: Input should be"),
+        ("EXPIRY_RETENTION_WORKING_DAYS", "0", "EXPIRY_RETENTION_WORKING_DAYS: Input should be"),
     ],
 )
 def test_bad_values_name_the_setting(
