@@ -1,5 +1,5 @@
 """``python -m service.retention``: keep the service's tables bounded
-(``service/ops/retention.py``); run by the owner of the tables, like migrate, on a timer."""
+(``service/ops/housekeeping.py``); run by the owner of the tables, like migrate, on a timer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import contextlib
 from service.adapters import lifecycle
 from service.adapters.postgres.schema import require_current_schema
 from service.cli import positive_seconds, report_failure, run_command
-from service.ops import retention
+from service.ops import housekeeping
 from service.settings import Settings
 
 PROG = "python -m service.retention"
@@ -19,7 +19,7 @@ PROG = "python -m service.retention"
 async def _once(settings: Settings) -> None:
     async with lifecycle.database(settings, name="expiry-retention") as conn:
         await require_current_schema(conn)
-        report = await retention.run(conn, settings)
+        report = await housekeeping.run(conn, settings)
     pruned = sum(report.pruned.values())
     print(
         f"retention done: {report.made} partition(s) made, {report.dropped} dropped "

@@ -11,7 +11,7 @@ import logging
 from service.adapters import postgres
 from service.adapters.classify import classify
 from service.adapters.metrics import Gauges
-from service.adapters.postgres import retention
+from service.adapters.postgres import partitions
 from service.settings import Settings
 
 log = logging.getLogger("service.metrics")
@@ -54,7 +54,7 @@ async def refresh_gauges(
 
 async def _read_retention(conn: postgres.Connection, gauges: Gauges) -> None:
     now = await postgres.db_now(conn)
-    retained = await retention.retained(conn)
+    retained = await partitions.retained(conn)
     gauges.table_bytes = {t.name: float(t.bytes) for t in retained.tables}
     gauges.retained_since = {t.name: t.since.timestamp() for t in retained.tables if t.since}
     gauges.partitions_ahead_seconds = {

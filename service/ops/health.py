@@ -26,9 +26,9 @@ from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
 from service.adapters.metrics import Backlog
-from service.adapters.postgres import ownership, retention
+from service.adapters.postgres import ownership, partitions
 from service.adapters.postgres.leases import ScanPass, last_passes, newest_publish_age
-from service.adapters.postgres.retention import Retained
+from service.adapters.postgres.partitions import Retained
 from service.adapters.postgres.schema import schema_state
 from service.core.durations import human
 from service.core.redaction import redact
@@ -411,8 +411,8 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.dead_letters_by_class = await postgres.dead_letters_by_class(conn)
     status.parked_holds = await ownership.parked_count(conn)
     status.passes = await last_passes(conn, PASSES_READ)
-    status.retention = await retention.retained(conn)
-    status.retention_began = await retention.retention_began(conn)
+    status.retention = await partitions.retained(conn)
+    status.retention_began = await partitions.retention_began(conn)
     status.database_now = await postgres.db_now(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)

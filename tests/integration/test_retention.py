@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 
 from service.adapters import sandbox
-from service.adapters.postgres import retention as store
+from service.adapters.postgres import partitions as store
 from service.adapters.postgres.schema import CREATE_LEDGER, RECORD_VERSION, load_migrations, migrate
-from service.core.retention import AUDIT_TABLES, WEEK, week_of
-from service.ops import retention
+from service.core.weeks import AUDIT_TABLES, WEEK, week_of
+from service.ops import housekeeping
 from service.ops.verification import verify
 from service.scan import once as scan
 from service.settings import Settings
@@ -88,7 +88,7 @@ async def test_weeks_are_made_ahead_and_dropped_behind_as_the_clock_moves(
         middle = await _expired_at(conn, now - 50 * DAY, 20)
         recent = await _expired_at(conn, now - 1 * DAY, 10)
 
-        first = await retention.run(conn, settings, say=lambda _line: None)
+        first = await housekeeping.run(conn, settings, say=lambda _line: None)
         assert first.dropped == 1
         assert first.dropped_rows == 30
         assert await _transitions_of(conn, old) == 0
@@ -110,7 +110,7 @@ async def test_weeks_are_made_ahead_and_dropped_behind_as_the_clock_moves(
         assert "window: holds due since" in "\n".join(verdict.lines())
 
         later = now + 60 * DAY  # the clock moved two months on
-        second = await retention.run(conn, settings, now=later, say=lambda _line: None)
+        second = await housekeeping.run(conn, settings, now=later, say=lambda _line: None)
         assert second.dropped_rows == 20
         assert await _transitions_of(conn, middle) == 0
         assert await _transitions_of(conn, recent) == 10
@@ -123,7 +123,7 @@ async def test_weeks_are_made_ahead_and_dropped_behind_as_the_clock_moves(
             lows = sorted(p.low for p in mine)
             assert lows[1:] == highs[:-1], f"{table}: a gap or an overlap"
 
-        again = await retention.run(conn, settings, now=later, say=lambda _line: None)
+        again = await housekeeping.run(conn, settings, now=later, say=lambda _line: None)
         assert (again.made, again.dropped, again.pruned) == (0, 0, {})
 
 
@@ -148,7 +148,7 @@ async def test_the_audit_still_refuses_rows_going_even_to_its_owner(
     async with support.pg_connection(stack.database_url) as conn:
         now = await _now(conn)
         await _expired_at(conn, now, 3)
-        await retention.run(conn, stack.settings, now=now + 21 * DAY, say=lambda _line: None)
+        await housekeeping.run(conn, stack.settings, now=now + 21 * DAY, say=lambda _line: None)
         assert await conn.fetchval("SELECT count(*) FROM retention_actions") > 0
         partition = (await _partitions(conn, "reservation_transitions"))[0]
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
@@ -164,8 +164,8 @@ async def test_two_runs_at_once_make_and_drop_each_week_once(stack: support.Stac
         await _expired_at(first, now - 120 * DAY, 5)
         later = now + 21 * DAY
         reports = await asyncio.gather(
-            retention.run(first, stack.settings, now=later, say=lambda _line: None),
-            retention.run(second, stack.settings, now=later, say=lambda _line: None),
+            housekeeping.run(first, stack.settings, now=later, say=lambda _line: None),
+            housekeeping.run(second, stack.settings, now=later, say=lambda _line: None),
         )
         assert sum(r.dropped_rows for r in reports) == 5
         made_count = sum(r.made for r in reports)
@@ -187,7 +187,7 @@ async def test_a_run_interrupted_after_the_detach_is_finished_by_the_next(
         await _expired_at(conn, now - 100 * DAY, 7)
         name = f"reservation_transitions_w{week_of(now - 100 * DAY):%Y%m%d}"
         await conn.execute(f'ALTER TABLE reservation_transitions DETACH PARTITION "{name}"')
-        report = await retention.run(conn, stack.settings, say=lambda _line: None)
+        report = await housekeeping.run(conn, stack.settings, say=lambda _line: None)
         assert report.dropped_rows == 7
         assert await conn.fetchval("SELECT to_regclass($1)", name) is None
         row = await conn.fetchrow(
@@ -233,7 +233,7 @@ async def test_prunes_take_what_cannot_matter_and_leave_the_rest(stack: support.
             " VALUES ('gone', now() - interval '30 days', 'ok', 0, 0),"
             " ('last', now() - interval '20 days', 'ok', 0, 0)"
         )
-        report = await retention.run(conn, settings, say=lambda _line: None)
+        report = await housekeeping.run(conn, settings, say=lambda _line: None)
         assert report.pruned == {"publish_leases": 1, "dead_letters": 2, "scan_passes": 1}
         leases = await conn.fetch("SELECT reservation_id FROM publish_leases")
         assert [r["reservation_id"] for r in leases] == [held]
@@ -265,7 +265,7 @@ async def test_retention_while_consumers_and_scans_run_expires_every_hold_once(
                 # The clock a week on each run, up to eight: weeks are made and dropped,
                 # never the one the consumer writes in.
                 moved = now + (runs % 8) * WEEK
-                await retention.run(conn, settings, now=moved, say=lambda _line: None)
+                await housekeeping.run(conn, settings, now=moved, say=lambda _line: None)
                 runs += 1
         return runs
 
@@ -354,7 +354,7 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
                 p for p in listed.partitions if p.name == "reservation_transitions_legacy"
             )
             now = await _now(conn)
-            report = await retention.run(
+            report = await housekeeping.run(
                 conn, settings, now=legacy.high + 91 * DAY, say=lambda _line: None
             )
             assert report.dropped_rows >= 5000

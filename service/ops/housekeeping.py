@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from service.adapters import postgres
-from service.adapters.postgres import retention as store
-from service.core import retention as policy
-from service.core.retention import AUDIT_TABLES, Partition
+from service.adapters.postgres import partitions as store
+from service.core import weeks as policy
+from service.core.weeks import AUDIT_TABLES, Partition
 from service.ops.dead_letters import os_user
 from service.settings import Settings
 

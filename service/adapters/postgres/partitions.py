@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from service.adapters.postgres.pool import Connection
-from service.core.retention import AUDIT_TABLES, Partition
+from service.core.weeks import AUDIT_TABLES, Partition
 
 # A whole run at a time (a second waits for the first, then finds little to do).
 RETENTION_LOCK_KEY = 0x72657465  # 'rete'

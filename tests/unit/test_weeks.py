@@ -6,7 +6,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from service.core.retention import (
+from service.core.weeks import (
     WEEK,
     Partition,
     covered_until,
