@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,3 +193,12 @@ def test_the_purity_check_names_an_io_library(planted: Path) -> None:
     found = {m.name: outside_libraries(m, planted) for m in modules_of(planted)}
     assert found["service.core.bad"] == {"asyncpg"}
     assert found["service.worker.consumer"] == set()
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name per thing: a module's name says which one, whatever its folder
+    (``__init__`` and ``__main__`` apart)."""
+    stems = Counter(
+        path.stem for path in SERVICE.rglob("*.py") if path.stem not in {"__init__", "__main__"}
+    )
+    assert [stem for stem, count in stems.items() if count > 1] == []
