@@ -151,12 +151,7 @@ async def _prune(
     hour = at - timedelta(hours=1)
     for table in store.PRUNES:
         cutoff = hour if table in store.HOUR_CUTOFF else working if table in store.WORKING else keep
-        total = 0
-        while True:
-            gone = await store.prune(conn, table, cutoff, batch=batch)
-            total += gone
-            if gone < batch:
-                break
+        total = await store.prune(conn, table, cutoff, batch=batch)
         if total:
             await store.record_action(conn, "pruned", table, None, cutoff, total, who)
             report.pruned[table] = total

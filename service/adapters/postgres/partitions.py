@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 from service.adapters.postgres.pool import Connection
 from service.core.weeks import AUDIT_TABLES, Partition
@@ -45,68 +46,116 @@ INSERT INTO retention_actions (action, table_name, range_from, range_to, rows, o
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 """
 
-# The prunes: the non-audit rows that can no longer matter, in bounded batches.
-# $1: the cutoff; each deletes at most $2 rows and returns how many it did.
-PRUNES: dict[str, str] = {
+
+# The prunes: the non-audit rows that can no longer matter, in bounded batches, each
+# walking its table's key in order (so that a run reads each row once, however many it
+# deletes): $1 the cutoff, $2 the batch, $3 the last key of the batch before; each says
+# how many it deleted and the last key.
+@dataclass(frozen=True)
+class Prune:
+    sql: str
+    first: object  # below every key: where the walk starts
+
+
+_NIL = UUID(int=0)
+PRUNES: dict[str, Prune] = {
     # A lease only keeps the scan off a held hold; once the hold is final and the
     # lease over (an hour's grace for a consumer reading when it was published), it
     # is dead weight. $1 here: an hour ago.
-    "publish_leases": """
-        WITH doomed AS (
+    "publish_leases": Prune(
+        """
+        WITH gone AS (DELETE FROM publish_leases x USING (
             SELECT l.reservation_id FROM publish_leases l JOIN reservations r
                 ON r.id = l.reservation_id
-             WHERE r.status <> 'held' AND l.lease_until < $1
-             LIMIT $2)
-        DELETE FROM publish_leases l USING doomed d WHERE l.reservation_id = d.reservation_id
-    """,
+             WHERE l.reservation_id > $3 AND r.status <> 'held' AND l.lease_until < $1
+             ORDER BY l.reservation_id LIMIT $2) d
+         WHERE x.reservation_id = d.reservation_id
+        RETURNING x.reservation_id AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        _NIL,
+    ),
     # A parked hold that is no longer held has nothing left to keep the scan off.
-    "parked_holds": """
-        WITH doomed AS (
+    "parked_holds": Prune(
+        """
+        WITH gone AS (DELETE FROM parked_holds x USING (
             SELECT p.reservation_id FROM parked_holds p JOIN reservations r
                 ON r.id = p.reservation_id
-             WHERE r.status <> 'held' AND p.parked_at < $1
-             LIMIT $2)
-        DELETE FROM parked_holds p USING doomed d WHERE p.reservation_id = d.reservation_id
-    """,
+             WHERE p.reservation_id > $3 AND r.status <> 'held' AND p.parked_at < $1
+             ORDER BY p.reservation_id LIMIT $2) d
+         WHERE x.reservation_id = d.reservation_id
+        RETURNING x.reservation_id AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        _NIL,
+    ),
     # Dead letters closed or replayed before the retention, whose hold is not parked
     # (what the audit says of them stays until its own week goes).
-    "dead_letters": """
-        WITH doomed AS (
+    "dead_letters": Prune(
+        """
+        WITH gone AS (DELETE FROM dead_letters x USING (
             SELECT d.id FROM dead_letters d
-             WHERE d.status IN ('replayed', 'closed') AND d.updated_at < $1
+             WHERE d.id > $3 AND d.status IN ('replayed', 'closed') AND d.updated_at < $1
                AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.dead_letter_id = d.id)
-             LIMIT $2)
-        DELETE FROM dead_letters d USING doomed x WHERE d.id = x.id
-    """,
-    "console_sessions": """
-        WITH doomed AS (
+             ORDER BY d.id LIMIT $2) d
+         WHERE x.id = d.id
+        RETURNING x.id AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        0,
+    ),
+    "console_sessions": Prune(
+        """
+        WITH gone AS (DELETE FROM console_sessions x USING (
             SELECT id FROM console_sessions
-             WHERE coalesce(ended_at, last_seen_at) < $1
-             LIMIT $2)
-        DELETE FROM console_sessions s USING doomed x WHERE s.id = x.id
-    """,
+             WHERE id > $3 AND coalesce(ended_at, last_seen_at) < $1
+             ORDER BY id LIMIT $2) d
+         WHERE x.id = d.id
+        RETURNING x.id AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        0,
+    ),
     # Working records: $1 is the working cutoff. The newest pass and run stay, whatever
     # their age, so that status can still say when the last one was.
-    "scan_passes": """
-        WITH doomed AS (
+    "scan_passes": Prune(
+        """
+        WITH gone AS (DELETE FROM scan_passes x USING (
             SELECT scanner FROM scan_passes
-             WHERE finished_at < $1
+             WHERE scanner > $3 AND finished_at < $1
                AND scanner <> (SELECT scanner FROM scan_passes ORDER BY finished_at DESC LIMIT 1)
-             LIMIT $2)
-        DELETE FROM scan_passes s USING doomed d WHERE s.scanner = d.scanner
-    """,
-    "retention_runs": """
-        WITH doomed AS (
+             ORDER BY scanner LIMIT $2) d
+         WHERE x.scanner = d.scanner
+        RETURNING x.scanner AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        "",
+    ),
+    "retention_runs": Prune(
+        """
+        WITH gone AS (DELETE FROM retention_runs x USING (
             SELECT runner FROM retention_runs
-             WHERE finished_at < $1
+             WHERE runner > $3 AND finished_at < $1
                AND runner <> (SELECT runner FROM retention_runs ORDER BY finished_at DESC LIMIT 1)
-             LIMIT $2)
-        DELETE FROM retention_runs r USING doomed d WHERE r.runner = d.runner
-    """,
-    "delivery_crashes": """
-        WITH doomed AS (SELECT message_id FROM delivery_crashes WHERE last_at < $1 LIMIT $2)
-        DELETE FROM delivery_crashes c USING doomed d WHERE c.message_id = d.message_id
-    """,
+             ORDER BY runner LIMIT $2) d
+         WHERE x.runner = d.runner
+        RETURNING x.runner AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        "",
+    ),
+    "delivery_crashes": Prune(
+        """
+        WITH gone AS (DELETE FROM delivery_crashes x USING (
+            SELECT message_id FROM delivery_crashes
+             WHERE message_id > $3 AND last_at < $1
+             ORDER BY message_id LIMIT $2) d
+         WHERE x.message_id = d.message_id
+        RETURNING x.message_id AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        "",
+    ),
 }
 # Which cutoff each prune takes: an hour ago, the working records' or the retention's.
 HOUR_CUTOFF = frozenset({"publish_leases", "parked_holds"})
@@ -133,8 +182,11 @@ TABLES = (
 )
 RETAINED = """
 SELECT t.name,
-       (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
-          FROM pg_partition_tree(to_regclass(t.name)))::bigint AS bytes,
+       -- A partitioned table holds nothing itself: its partitions do (pg_partition_tree
+       -- lists them, and nothing for a table that is not partitioned).
+       (SELECT coalesce(sum(pg_total_relation_size(part)), 0)
+          FROM (SELECT relid AS part FROM pg_partition_tree(to_regclass(t.name))
+                UNION SELECT to_regclass(t.name)) AS tree)::bigint AS bytes,
        (SELECT min(expiry_partition_low(i.inhrelid)) FROM pg_inherits i
          WHERE i.inhparent = to_regclass(t.name)) AS since,
        (SELECT max(expiry_partition_high(i.inhrelid)) FROM pg_inherits i
@@ -149,8 +201,15 @@ LAST_OK_RUN = "SELECT max(finished_at) FROM retention_runs WHERE result = 'ok'"
 RETENTION_BEGAN = "SELECT applied_at FROM schema_migrations WHERE version = '0013_retention'"
 
 
+# A run counts a week's partition before it drops it (seconds for a week of a million
+# expiries a day) and waits for a concurrent detach: the statement timeout of the
+# service's connections (EXPIRY_STATEMENT_TIMEOUT_MS) is for the hot path, not for this.
+RUN_SESSION = "SET statement_timeout = '30min'"
+
+
 async def lock_run(conn: Connection) -> None:
     """Wait for any other run to end, then hold the run lock (until ``unlock_run``)."""
+    await conn.execute(RUN_SESSION)
     await conn.execute("SELECT pg_advisory_lock($1)", RETENTION_LOCK_KEY)
 
 
@@ -230,9 +289,17 @@ async def record_action(
 
 
 async def prune(conn: Connection, table: str, cutoff: datetime, *, batch: int) -> int:
-    """One batch of ``table``'s prune (at most ``batch`` rows): how many went."""
-    status = await conn.execute(PRUNES[table], cutoff, batch)
-    return int(status.rsplit(" ", 1)[-1])
+    """``table``'s prune, batch by batch (at most ``batch`` rows a statement, each its own
+    transaction): how many went."""
+    prune = PRUNES[table]
+    after, total = prune.first, 0
+    while True:
+        gone = await conn.fetchrow(prune.sql, cutoff, batch, after)
+        count = gone["n"] if gone is not None else 0
+        total += count
+        if count < batch or gone is None:
+            return total
+        after = gone["last"]  # the database's order, its collation included
 
 
 async def record_run(conn: Connection, runner: str, result: str) -> None:
