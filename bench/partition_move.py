@@ -19,12 +19,7 @@ import uuid
 import asyncpg
 
 from service.adapters import sandbox
-from service.adapters.postgres.schema import (
-    CREATE_LEDGER,
-    RECORD_VERSION,
-    load_migrations,
-    migrate,
-)
+from service.adapters.postgres.schema import migrate
 from service.settings import Settings
 
 BEFORE = "0012_console_sessions"
@@ -44,25 +39,11 @@ SELECT id, 'held', 'expired', hold_until + interval '20 milliseconds',
 """
 
 
-async def _older_release(url: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(CREATE_LEDGER)
-        for migration in load_migrations():
-            if migration.version > BEFORE:
-                break
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(RECORD_VERSION, migration.version)
-    finally:
-        await conn.close()
-
-
 async def measure(admin_url: str, transitions: int, days: int) -> None:
     name = f"bench_move_{uuid.uuid4().hex[:8]}"
     url = await sandbox.create_database(admin_url, name)
     try:
-        await _older_release(url)
+        await migrate(Settings(database_url=url), until=BEFORE)
         conn = await asyncpg.connect(url)
         try:
             began = time.perf_counter()

@@ -460,15 +460,15 @@ def _sizes_json(sizes: Sizes) -> dict[str, Any]:
     return {name: asdict(size) for name, size in sizes.items()}
 
 
+DESCRIPTION = (
+    "Bytes per thousand expiries in the service's tables before and after a retention run, "
+    "and a simulated year with and without retention, in databases of its own (removed at "
+    "the end)."
+)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.retention",
-        description=(
-            "Bytes per thousand expiries in the service's tables before and after a "
-            "retention run, and a simulated year with and without retention, in databases "
-            "of its own (removed at the end)."
-        ),
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.retention", description=DESCRIPTION)
     add = p.add_argument
     add("--expiries", type=positive(int), default=200_000, help="part 1 (200,000)")
     add("--per-day", type=positive(int), default=10_000, help="part 2: a day (10,000)")

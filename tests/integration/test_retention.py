@@ -15,12 +15,11 @@ import pytest
 
 from service.adapters import sandbox
 from service.adapters.postgres import partitions as store
-from service.adapters.postgres.schema import CREATE_LEDGER, RECORD_VERSION, load_migrations, migrate
+from service.adapters.postgres.schema import migrate
 from service.core.weeks import AUDIT_TABLES, WEEK, week_of
 from service.ops import housekeeping
 from service.ops.verification import verify
 from service.scan import once as scan
-from service.settings import Settings
 from tests import support
 
 pytestmark = pytest.mark.integration
@@ -290,21 +289,6 @@ async def _all_expired(url: str, count: int) -> bool:
     return (await support.statuses(url)).get("expired", 0) >= count
 
 
-async def _migrated_to(settings: Settings, version: str) -> None:
-    """Apply the shipped migrations up to ``version`` only (a database of an older release)."""
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        await conn.execute(CREATE_LEDGER)
-        for migration in load_migrations():
-            if migration.version > version:
-                break
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(RECORD_VERSION, migration.version)
-    finally:
-        await conn.close()
-
-
 async def test_an_existing_database_moves_over_without_losing_a_row(
     endpoints: support.Endpoints,
 ) -> None:
@@ -315,7 +299,7 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
     url = await sandbox.create_database(endpoints.database_url, name)
     try:
         settings = support.stack_settings(url, endpoints.amqp_url)
-        await _migrated_to(settings, "0012_console_sessions")
+        await migrate(settings, until="0012_console_sessions")
         async with support.pg_connection(url) as conn:
             await conn.execute(
                 "INSERT INTO reservations (id, status, hold_until)"

@@ -664,12 +664,11 @@ GRANTS = {
     (OPERATOR, "console_logins", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "console_logins", "INSERT"): "name known client_host device outcome detail",
     # What retention did and when it last ran: the gauges of every process, status.
-    (CONSUMER, "retention_actions", "SELECT"): EVERY_COLUMN,
-    (CONSUMER, "retention_runs", "SELECT"): EVERY_COLUMN,
-    (SCAN, "retention_actions", "SELECT"): EVERY_COLUMN,
-    (SCAN, "retention_runs", "SELECT"): EVERY_COLUMN,
-    (OPERATOR, "retention_actions", "SELECT"): EVERY_COLUMN,
-    (OPERATOR, "retention_runs", "SELECT"): EVERY_COLUMN,
+    **{
+        (role, table, "SELECT"): EVERY_COLUMN
+        for role in (CONSUMER, SCAN, OPERATOR)
+        for table in ("retention_actions", "retention_runs")
+    },
 }
 
 

@@ -57,105 +57,74 @@ class Prune:
     first: object  # below every key: where the walk starts
 
 
+def _walk(table: str, key: str, matching: str, first: object, join: str = "") -> Prune:
+    """Delete a batch of ``table``'s rows ``matching`` (on ``t``, joined with ``join``),
+    next in ``key`` order after $3."""
+    return Prune(
+        f"""
+        WITH gone AS (
+            DELETE FROM {table} x USING (
+                SELECT t.{key} FROM {table} t {join}
+                 WHERE t.{key} > $3 AND {matching}
+                 ORDER BY t.{key} LIMIT $2) d
+             WHERE x.{key} = d.{key}
+            RETURNING x.{key} AS k)
+        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
+        """,
+        first,
+    )
+
+
 _NIL = UUID(int=0)
+_FINAL_HOLD = "JOIN reservations r ON r.id = t.reservation_id"
+# The newest of a working table stays, whatever its age, so that status can still say
+# when the last one was.
+_NOT_NEWEST = "t.{key} <> (SELECT {key} FROM {table} ORDER BY finished_at DESC LIMIT 1)"
 PRUNES: dict[str, Prune] = {
     # A lease only keeps the scan off a held hold; once the hold is final and the
     # lease over (an hour's grace for a consumer reading when it was published), it
     # is dead weight. $1 here: an hour ago.
-    "publish_leases": Prune(
-        """
-        WITH gone AS (DELETE FROM publish_leases x USING (
-            SELECT l.reservation_id FROM publish_leases l JOIN reservations r
-                ON r.id = l.reservation_id
-             WHERE l.reservation_id > $3 AND r.status <> 'held' AND l.lease_until < $1
-             ORDER BY l.reservation_id LIMIT $2) d
-         WHERE x.reservation_id = d.reservation_id
-        RETURNING x.reservation_id AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
+    "publish_leases": _walk(
+        "publish_leases",
+        "reservation_id",
+        "r.status <> 'held' AND t.lease_until < $1",
         _NIL,
+        _FINAL_HOLD,
     ),
     # A parked hold that is no longer held has nothing left to keep the scan off.
-    "parked_holds": Prune(
-        """
-        WITH gone AS (DELETE FROM parked_holds x USING (
-            SELECT p.reservation_id FROM parked_holds p JOIN reservations r
-                ON r.id = p.reservation_id
-             WHERE p.reservation_id > $3 AND r.status <> 'held' AND p.parked_at < $1
-             ORDER BY p.reservation_id LIMIT $2) d
-         WHERE x.reservation_id = d.reservation_id
-        RETURNING x.reservation_id AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
+    "parked_holds": _walk(
+        "parked_holds",
+        "reservation_id",
+        "r.status <> 'held' AND t.parked_at < $1",
         _NIL,
+        _FINAL_HOLD,
     ),
     # Dead letters closed or replayed before the retention, whose hold is not parked
     # (what the audit says of them stays until its own week goes).
-    "dead_letters": Prune(
-        """
-        WITH gone AS (DELETE FROM dead_letters x USING (
-            SELECT d.id FROM dead_letters d
-             WHERE d.id > $3 AND d.status IN ('replayed', 'closed') AND d.updated_at < $1
-               AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.dead_letter_id = d.id)
-             ORDER BY d.id LIMIT $2) d
-         WHERE x.id = d.id
-        RETURNING x.id AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
+    "dead_letters": _walk(
+        "dead_letters",
+        "id",
+        "t.status IN ('replayed', 'closed') AND t.updated_at < $1"
+        " AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.dead_letter_id = t.id)",
         0,
     ),
-    "console_sessions": Prune(
-        """
-        WITH gone AS (DELETE FROM console_sessions x USING (
-            SELECT id FROM console_sessions
-             WHERE id > $3 AND coalesce(ended_at, last_seen_at) < $1
-             ORDER BY id LIMIT $2) d
-         WHERE x.id = d.id
-        RETURNING x.id AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
-        0,
+    "console_sessions": _walk(
+        "console_sessions", "id", "coalesce(t.ended_at, t.last_seen_at) < $1", 0
     ),
-    # Working records: $1 is the working cutoff. The newest pass and run stay, whatever
-    # their age, so that status can still say when the last one was.
-    "scan_passes": Prune(
-        """
-        WITH gone AS (DELETE FROM scan_passes x USING (
-            SELECT scanner FROM scan_passes
-             WHERE scanner > $3 AND finished_at < $1
-               AND scanner <> (SELECT scanner FROM scan_passes ORDER BY finished_at DESC LIMIT 1)
-             ORDER BY scanner LIMIT $2) d
-         WHERE x.scanner = d.scanner
-        RETURNING x.scanner AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
+    # Working records: $1 is the working cutoff.
+    "scan_passes": _walk(
+        "scan_passes",
+        "scanner",
+        "t.finished_at < $1 AND " + _NOT_NEWEST.format(key="scanner", table="scan_passes"),
         "",
     ),
-    "retention_runs": Prune(
-        """
-        WITH gone AS (DELETE FROM retention_runs x USING (
-            SELECT runner FROM retention_runs
-             WHERE runner > $3 AND finished_at < $1
-               AND runner <> (SELECT runner FROM retention_runs ORDER BY finished_at DESC LIMIT 1)
-             ORDER BY runner LIMIT $2) d
-         WHERE x.runner = d.runner
-        RETURNING x.runner AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
+    "retention_runs": _walk(
+        "retention_runs",
+        "runner",
+        "t.finished_at < $1 AND " + _NOT_NEWEST.format(key="runner", table="retention_runs"),
         "",
     ),
-    "delivery_crashes": Prune(
-        """
-        WITH gone AS (DELETE FROM delivery_crashes x USING (
-            SELECT message_id FROM delivery_crashes
-             WHERE message_id > $3 AND last_at < $1
-             ORDER BY message_id LIMIT $2) d
-         WHERE x.message_id = d.message_id
-        RETURNING x.message_id AS k)
-        SELECT count(*) AS n, (array_agg(k ORDER BY k DESC))[1] AS last FROM gone
-        """,
-        "",
-    ),
+    "delivery_crashes": _walk("delivery_crashes", "message_id", "t.last_at < $1", ""),
 }
 # Which cutoff each prune takes: an hour ago, the working records' or the retention's.
 HOUR_CUTOFF = frozenset({"publish_leases", "parked_holds"})

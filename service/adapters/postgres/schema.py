@@ -109,24 +109,27 @@ async def schema_state(conn: Connection) -> SchemaState:
     )
 
 
-async def migrate(settings: Settings) -> list[str]:
-    """Apply pending migrations; return the versions applied by this call."""
+async def migrate(settings: Settings, *, until: str | None = None) -> list[str]:
+    """Apply pending migrations (``until``: only up to that version, as an older release
+    would: the tests and benchmarks of a move); return the versions applied by this call."""
     conn = await connect(settings, application_name="expiry-migrate")
     try:
         await conn.execute(LOCK, MIGRATION_LOCK_KEY)
         try:
-            return await _apply_pending(conn)
+            return await _apply_pending(conn, until=until)
         finally:
             await conn.execute(UNLOCK, MIGRATION_LOCK_KEY)
     finally:
         await conn.close()
 
 
-async def _apply_pending(conn: Connection) -> list[str]:
+async def _apply_pending(conn: Connection, *, until: str | None = None) -> list[str]:
     await conn.execute(CREATE_LEDGER)
     applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
     done: list[str] = []
     for migration in load_migrations():
+        if until is not None and migration.version > until:
+            break
         if migration.version in applied:
             continue
         async with conn.transaction():

@@ -62,11 +62,11 @@ END;
 $$;
 
 -- Set the table `name` aside as `<name>_legacy`, ready to be attached under a
--- partitioned table of the old name: its primary key, identity, row trigger
+-- partitioned table of the old name, and make that table: its primary key, identity, row trigger
 -- and references to dead_letters go (the parent brings its own), its indexes
--- and TRUNCATE trigger take the new name, its checks go (the parent's are added
--- under the parent's names when it is attached), and the runtime roles lose their
--- grants on it (they reach it through the parent).
+-- and TRUNCATE trigger take the new name, and the runtime roles lose their grants
+-- on it (they reach it through the parent); then the partitioned parent of the old
+-- name is made from it (its indexes, foreign keys and triggers are the caller's).
 CREATE OR REPLACE FUNCTION expiry_set_aside(name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -80,9 +80,8 @@ BEGIN
     EXECUTE format('ALTER TRIGGER %I ON %I RENAME TO %I',
                    name || '_no_truncate', legacy, legacy || '_no_truncate');
     FOR found IN SELECT conname FROM pg_constraint
-                  WHERE conrelid = legacy::regclass
-                    AND (contype = 'c' OR (contype = 'f' AND confrelid = 'dead_letters'::regclass))
-                  LOOP
+                  WHERE conrelid = legacy::regclass AND contype = 'f'
+                    AND confrelid = 'dead_letters'::regclass LOOP
         EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', legacy, found.conname);
     END LOOP;
     FOR found IN SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
@@ -92,6 +91,11 @@ BEGIN
     END LOOP;
     EXECUTE format('REVOKE ALL ON %I FROM PUBLIC, expiry_consumer, expiry_scan, expiry_operator',
                    legacy);
+    -- The parent: the same columns, defaults and checks (under the same names, which an
+    -- attached partition must have), the primary key (id, at), ids the database's.
+    EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS, '
+                   'PRIMARY KEY (id, at)) PARTITION BY RANGE (at)', name, legacy);
+    EXECUTE format('ALTER TABLE %I ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY', name);
 END;
 $$;
 
@@ -104,19 +108,12 @@ DECLARE
     legacy text := name || '_legacy';
     oldest timestamptz;
     newest bigint;
-    found record;
 BEGIN
     EXECUTE format('SELECT min(at), max(id) FROM %I', legacy) INTO oldest, newest;
     IF oldest IS NULL THEN
         EXECUTE format('DROP TABLE %I', legacy);
         RETURN;
     END IF;
-    -- The parent's checks, under the parent's names (an attached table must have them).
-    FOR found IN SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint
-                  WHERE conrelid = name::regclass AND contype = 'c' LOOP
-        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I %s', legacy, found.conname,
-                       found.definition);
-    END LOOP;
     EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
                    name, legacy, oldest, expiry_week_of(now()) + interval '7 days');
     PERFORM setval(pg_get_serial_sequence(name, 'id'), newest);
@@ -160,17 +157,8 @@ REVOKE EXECUTE ON FUNCTION expiry_make_partition(text, timestamptz, timestamptz)
 
 -- reservation_transitions
 SELECT expiry_set_aside('reservation_transitions');
-CREATE TABLE reservation_transitions (
-    id              bigint GENERATED ALWAYS AS IDENTITY,
-    reservation_id  uuid NOT NULL REFERENCES reservations (id),
-    from_status     text NOT NULL,
-    to_status       text NOT NULL,
-    at              timestamptz NOT NULL DEFAULT now(),
-    message_id      text,
-    attempt         integer,
-    worker          text NOT NULL,
-    PRIMARY KEY (id, at)
-) PARTITION BY RANGE (at);
+ALTER TABLE reservation_transitions
+    ADD FOREIGN KEY (reservation_id) REFERENCES reservations (id);
 CREATE INDEX reservation_transitions_by_reservation
     ON reservation_transitions (reservation_id);
 SELECT expiry_guard_audit('reservation_transitions', 'reservation_transitions_append_only');
@@ -182,19 +170,6 @@ GRANT INSERT (reservation_id, from_status, to_status, message_id, attempt, worke
 
 -- dead_letter_replays
 SELECT expiry_set_aside('dead_letter_replays');
-CREATE TABLE dead_letter_replays (
-    id              bigint GENERATED ALWAYS AS IDENTITY,
-    dead_letter_id  bigint NOT NULL,
-    message_id      text NOT NULL,
-    operator        text NOT NULL,
-    at              timestamptz NOT NULL DEFAULT now(),
-    outcome         text NOT NULL,
-    detail          text,
-    db_user         text NOT NULL DEFAULT session_user,
-    os_user         text,
-    client_host     text,
-    PRIMARY KEY (id, at)
-) PARTITION BY RANGE (at);
 SELECT expiry_guard_audit('dead_letter_replays', 'expiry_append_only');
 SELECT expiry_adopt_legacy('dead_letter_replays');
 SELECT expiry_make_weeks('dead_letter_replays', interval '28 days');
@@ -204,18 +179,6 @@ GRANT INSERT (dead_letter_id, message_id, operator, outcome, detail, os_user, cl
 
 -- dead_letter_events
 SELECT expiry_set_aside('dead_letter_events');
-CREATE TABLE dead_letter_events (
-    id              bigint GENERATED ALWAYS AS IDENTITY,
-    dead_letter_id  bigint NOT NULL,
-    kind            text NOT NULL CHECK (kind IN ('assigned', 'noted', 'closed', 'reopened')),
-    operator        text NOT NULL,
-    detail          text,
-    at              timestamptz NOT NULL DEFAULT now(),
-    db_user         text NOT NULL DEFAULT session_user,
-    os_user         text,
-    client_host     text,
-    PRIMARY KEY (id, at)
-) PARTITION BY RANGE (at);
 CREATE INDEX dead_letter_events_by_dead_letter ON dead_letter_events (dead_letter_id);
 SELECT expiry_guard_audit('dead_letter_events', 'expiry_append_only');
 SELECT expiry_adopt_legacy('dead_letter_events');
@@ -227,18 +190,6 @@ GRANT INSERT (dead_letter_id, kind, operator, detail) ON dead_letter_events TO e
 
 -- console_logins
 SELECT expiry_set_aside('console_logins');
-CREATE TABLE console_logins (
-    id           bigint GENERATED ALWAYS AS IDENTITY,
-    at           timestamptz NOT NULL DEFAULT now(),
-    name         text NOT NULL,
-    known        boolean NOT NULL,
-    client_host  text NOT NULL,
-    device       boolean NOT NULL,
-    outcome      text NOT NULL CHECK (outcome IN ('ok', 'failed', 'refused')),
-    detail       text,
-    db_user      text NOT NULL DEFAULT session_user,
-    PRIMARY KEY (id, at)
-) PARTITION BY RANGE (at);
 CREATE INDEX console_logins_checked_by_name
     ON console_logins (name, at) WHERE outcome <> 'refused';
 CREATE INDEX console_logins_checked_by_client
