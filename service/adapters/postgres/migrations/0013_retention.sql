@@ -62,11 +62,11 @@ END;
 $$;
 
 -- Set the table `name` aside as `<name>_legacy`, ready to be attached under a
--- partitioned table of the old name, and make that table: its primary key, identity, row trigger
--- and references to dead_letters go (the parent brings its own), its indexes
--- and TRUNCATE trigger take the new name, and the runtime roles lose their grants
--- on it (they reach it through the parent); then the partitioned parent of the old
--- name is made from it (its indexes, foreign keys and triggers are the caller's).
+-- partitioned table of the old name: its primary key, identity, row trigger and
+-- references to dead_letters go (the parent brings its own), its indexes and
+-- TRUNCATE trigger take the new name, and the runtime roles lose their grants on
+-- it (they reach it through the parent). Then make that parent from it (its
+-- indexes, foreign keys and triggers are the caller's).
 CREATE OR REPLACE FUNCTION expiry_set_aside(name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
