@@ -10,6 +10,7 @@ import contextlib
 from service.adapters import lifecycle
 from service.adapters.postgres.schema import require_current_schema
 from service.cli import positive_seconds, report_failure, run_command
+from service.core.errors import UsageError
 from service.ops import housekeeping
 from service.settings import Settings
 
@@ -39,6 +40,8 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
             try:
                 await _once(settings)
                 failed = False
+            except UsageError:  # run as a role that may not: no later run can do better
+                raise
             except Exception as exc:  # the next run tries again; the alert watches
                 failed = True
                 report_failure(PROG, exc, verbose=args.verbose)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from service.adapters import postgres
 from service.adapters.postgres import partitions as store
 from service.core import weeks as policy
+from service.core.errors import UsageError
 from service.core.weeks import AUDIT_TABLES, Partition
 from service.ops.dead_letters import os_user
 from service.settings import Settings
@@ -54,6 +55,9 @@ async def run(
         report.lines.append(line)
         say(line)
 
+    refused = await store.not_owner(conn)
+    if refused is not None:
+        raise UsageError(refused)
     who = store.Who(os_user(), socket.gethostname())
     await store.lock_run(conn)
     try:

@@ -36,7 +36,9 @@ from service.cli import cause_chain
 from service.core.dead_letter import DeadLetterRecord
 from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule, parse_owner_rules
 from service.core.domain import Outcome, command_body, message_id
+from service.core.errors import UsageError
 from service.core.recorded_policy import Policy, policy_in_force
+from service.ops import housekeeping
 from service.settings import Settings
 from tests import support
 
@@ -880,3 +882,20 @@ async def _passwords(url: str, names: dict[str, str]) -> dict[str, str]:
             list(names.values()),
         )
     return {row["rolname"]: row["rolpassword"] for row in rows}
+
+
+@pytest.mark.parametrize("role", RUNTIME_ROLES)
+async def test_retention_refuses_a_runtime_role_and_changes_nothing(
+    stack: support.Stack, role: str
+) -> None:
+    """Only the owner makes and drops the audit's weeks: any runtime role is refused with
+    one line naming the owner, before it takes the run lock or touches a row."""
+    async with support.pg_connection(stack.database_url) as owner:
+        before = await owner.fetchval("SELECT count(*) FROM pg_inherits")
+    async with connected_as(stack.database_url, role) as conn:
+        with pytest.raises(UsageError, match=r"retention runs as the owner of the tables"):
+            await housekeeping.run(conn, stack.settings, say=lambda _line: None)
+    async with support.pg_connection(stack.database_url) as owner:
+        assert await owner.fetchval("SELECT count(*) FROM pg_inherits") == before
+        assert await owner.fetchval("SELECT count(*) FROM retention_actions") == 0
+        assert await owner.fetchval("SELECT count(*) FROM retention_runs") == 0

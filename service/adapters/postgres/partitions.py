@@ -176,6 +176,26 @@ RETENTION_BEGAN = "SELECT applied_at FROM schema_migrations WHERE version = '001
 RUN_SESSION = "SET statement_timeout = '30min'"
 
 
+# Whether this session may make and drop partitions: it owns the audit tables (or is a
+# member of the role that does, a superuser included); and who owns them.
+OWNER = """
+SELECT pg_has_role(current_user, c.relowner, 'USAGE') AS owns,
+       pg_get_userbyid(c.relowner) AS owner, current_user AS me
+  FROM pg_class c WHERE c.oid = 'reservation_transitions'::regclass
+"""
+
+
+async def not_owner(conn: Connection) -> str | None:
+    """Why this session may not run retention (None: it may)."""
+    row = await conn.fetchrow(OWNER)
+    if row is None or row["owns"]:
+        return None
+    return (
+        f"retention runs as the owner of the tables ({row['owner']}), like migrate; "
+        f"this is {row['me']}"
+    )
+
+
 async def lock_run(conn: Connection) -> None:
     """Wait for any other run to end, then hold the run lock (until ``unlock_run``)."""
     await conn.execute(RUN_SESSION)
