@@ -14,6 +14,7 @@ from service.core.errors import (
     DB_CONFLICT,
     DB_DATA,
     DB_ERROR,
+    DB_NO_PARTITION,
     DB_TIMEOUT,
     DB_UNAVAILABLE,
     UNEXPECTED,
@@ -72,10 +73,22 @@ def classify(exc: BaseException) -> tuple[Disposition, str]:
     """
     if isinstance(exc, PoisonMessage):
         return Disposition.PERMANENT, exc.error_class
+    if no_partition(exc):
+        return Disposition.TRANSIENT, DB_NO_PARTITION
     for kinds, disposition, error_class in _RULES:
         if isinstance(exc, kinds):
             return disposition, error_class
     return Disposition.TRANSIENT, UNEXPECTED
+
+
+def no_partition(exc: BaseException) -> bool:
+    """The row has no partition to go to (a check violation of the partitioned table
+    itself, no constraint named): retention has not made the weeks ahead."""
+    return (
+        isinstance(exc, asyncpg.CheckViolationError)
+        and getattr(exc, "constraint_name", None) is None
+        and getattr(exc, "table_name", None) is not None
+    )
 
 
 def refuses_values(exc: BaseException) -> bool:
@@ -84,6 +97,8 @@ def refuses_values(exc: BaseException) -> bool:
     Sending the same values again can only fail again: such a write must
     change what it writes, not wait.
     """
+    if no_partition(exc):  # not the values: the week they belong to is missing
+        return False
     return isinstance(exc, (*_DB_DATA, ValueError, TypeError, OverflowError))
 
 

@@ -73,6 +73,9 @@ DB_TIMEOUT = "db.timeout"
 DB_CONFLICT = "db.conflict"
 DB_ERROR = "db.error"
 DB_DATA = "db.data"
+# A row (an audit row: its `at`) falls past the last weekly partition: retention has not
+# made the weeks ahead. Transient: the next retention run makes them.
+DB_NO_PARTITION = "db.no-partition"
 BROKER_UNAVAILABLE = "broker.unavailable"
 UNKNOWN_RESERVATION = "unknown-reservation"
 CONSUMER_CRASH = "consumer-crash"

@@ -360,3 +360,27 @@ async def _audit(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, Any]:
         )
         found[table] = dict(row) if row else {}
     return found
+
+
+async def test_expiries_past_the_last_week_are_retried_until_retention_makes_it(
+    stack: support.Stack,
+) -> None:
+    """The weeks ran out (retention stopped long ago): an expiry has no partition for its
+    transition, so it fails whole (the hold stays held) and is retried as db.no-partition,
+    not dead-lettered; once retention runs, every hold expires once."""
+    ids = await support.insert_holds(stack.database_url, 5)
+    async with support.pg_connection(stack.database_url) as conn:
+        for part in (await store.list_partitions(conn)).partitions:
+            if part.table == "reservation_transitions":
+                await conn.execute(f'ALTER TABLE "{part.table}" DETACH PARTITION "{part.name}"')
+                await conn.execute(f'DROP TABLE "{part.name}"')
+        async with support.attached_consumer(stack):
+            await scan.scan_once(stack.settings)
+            await asyncio.sleep(1.5)  # an attempt or two, each refused for want of a week
+            assert (await support.statuses(stack.database_url)) == {"held": 5}
+            assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
+            await housekeeping.run(conn, stack.settings, say=lambda _line: None)
+            await support.eventually(lambda: _all_expired(stack.database_url, 5), timeout=30)
+        assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
+    per_hold = await support.transitions_per_reservation(stack.database_url)
+    assert {per_hold.get(i) for i in ids} == {1}

@@ -20,6 +20,15 @@ from service.core.errors import (
 T, P = Disposition.TRANSIENT, Disposition.PERMANENT
 
 
+def _violation(*, constraint: str | None) -> asyncpg.CheckViolationError:
+    """A check violation as the server reports it (its fields, as asyncpg reads them)."""
+    fields = {"C": "23514", "M": "new row violates a check", "t": "reservation_transitions"}
+    if constraint is not None:
+        fields["n"] = constraint
+    violation: asyncpg.CheckViolationError = asyncpg.CheckViolationError.new(fields)
+    return violation
+
+
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
@@ -40,6 +49,10 @@ T, P = Disposition.TRANSIENT, Disposition.PERMANENT
         (asyncpg.NumericValueOutOfRangeError("x"), (P, errors.DB_DATA)),
         (asyncpg.CharacterNotInRepertoireError("x"), (P, errors.DB_DATA)),
         (asyncpg.CheckViolationError("x"), (P, errors.DB_DATA)),
+        # A check of a partition names its constraint; a row past the last week names
+        # only the partitioned table: retention has not made the weeks ahead.
+        (_violation(constraint="console_logins_outcome_check"), (P, errors.DB_DATA)),
+        (_violation(constraint=None), (T, errors.DB_NO_PARTITION)),
         (asyncpg_base.DataError("invalid input for query argument $3"), (P, errors.DB_DATA)),
         (AMQPConnectionError("x"), (T, errors.BROKER_UNAVAILABLE)),
         (ChannelClosed(), (T, errors.BROKER_UNAVAILABLE)),
