@@ -56,13 +56,3 @@ def to_make(
         weeks.append((low, low + WEEK))
         low += WEEK
     return weeks
-
-
-def covered_until(partitions: Iterable[Partition]) -> datetime | None:
-    """Where the newest partition ends: a row stamped later has nowhere to go."""
-    return max((p.high for p in partitions), default=None)
-
-
-def retained_since(partitions: Iterable[Partition]) -> datetime | None:
-    """Where the oldest partition begins: the audit holds nothing older."""
-    return min((p.low for p in partitions), default=None)

@@ -147,23 +147,21 @@ class Status:
     broker_error: str | None = None
     retention: Retained | None = None  # each table's size, the audit's range, the last run
     retention_began: datetime | None = None  # the migration that brought retention
-    database_now: datetime | None = None
 
     @property
     def partitions_ahead_seconds(self) -> float | None:
         """How far the audit tables' partitions reach past now: the shortest."""
-        if self.retention is None or self.database_now is None:
+        if self.retention is None:
             return None
-        reach = [t.until for t in self.retention.tables if t.until is not None]
-        return min(reach).timestamp() - self.database_now.timestamp() if reach else None
+        return min(self.retention.partitions_ahead_seconds.values(), default=None)
 
     @property
     def retention_run_age_seconds(self) -> float | None:
         """Since the last successful run (or, never run, since retention began)."""
-        if self.retention is None or self.database_now is None:
+        if self.retention is None:
             return None
         last = self.retention.last_ok or self.retention_began
-        return None if last is None else (self.database_now - last).total_seconds()
+        return None if last is None else (self.retention.at - last).total_seconds()
 
     @property
     def objective_met(self) -> bool | None:
@@ -413,7 +411,6 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.passes = await last_passes(conn, PASSES_READ)
     status.retention = await partitions.retained(conn)
     status.retention_began = await partitions.retention_began(conn)
-    status.database_now = await postgres.db_now(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)
 

@@ -31,13 +31,12 @@ _WEEK_NAME = re.compile(r"^(?P<table>.+)_(?:w(?P<week>\d{8})|legacy)$")
 
 @dataclass
 class Report:
-    """What a run did, as counts and as the lines it said."""
+    """What a run did, as counts (its lines went to ``say``)."""
 
     made: int = 0
     dropped: int = 0
     dropped_rows: int = 0
     pruned: dict[str, int] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)
 
 
 async def run(
@@ -50,11 +49,6 @@ async def run(
 ) -> Report:
     """One run as ``settings`` say, at ``now`` (default: the database's clock)."""
     report = Report()
-
-    def tell(line: str) -> None:
-        report.lines.append(line)
-        say(line)
-
     refused = await store.not_owner(conn)
     if refused is not None:
         raise UsageError(refused)
@@ -62,14 +56,14 @@ async def run(
     await store.lock_run(conn)
     try:
         at = now or await postgres.db_now(conn)
-        await _finish_interrupted(conn, who, report, tell)
+        await _finish_interrupted(conn, who, report, say)
         listed = await store.list_partitions(conn)
-        await _make_ahead(conn, listed.partitions, at, settings, who, report, tell)
+        await _make_ahead(conn, listed.partitions, at, settings, who, report, say)
         keep = timedelta(days=settings.retention_days)
         for partition in policy.to_drop(listed.partitions, at, keep):
             await store.detach(conn, partition)
-            await _drop(conn, partition.table, partition.name, partition, who, report, tell)
-        await _prune(conn, at, settings, who, report, tell, batch)
+            await _drop_partition(conn, partition, who, report, say)
+        await _prune(conn, at, settings, who, report, say, batch)
         await store.record_run(conn, settings.worker_id, "ok")
     except Exception:
         await _record_failure(conn, settings.worker_id)
@@ -80,16 +74,17 @@ async def run(
 
 
 async def _finish_interrupted(
-    conn: postgres.Connection, who: store.Who, report: Report, tell: Callable[[str], None]
+    conn: postgres.Connection, who: store.Who, report: Report, say: Callable[[str], None]
 ) -> None:
     listed = await store.list_partitions(conn)
     for partition in listed.pending:
         await store.detach(conn, partition, finalize=True)
-        await _drop(conn, partition.table, partition.name, partition, who, report, tell)
+        await _drop_partition(conn, partition, who, report, say)
     for name in listed.detached:
         table, week = _named(name)
-        bounds = Partition(table, name, week, week + policy.WEEK) if week else None
-        await _drop(conn, table, name, bounds, who, report, tell)
+        await _drop(
+            conn, table, name, (week, week + policy.WEEK) if week else None, who, report, say
+        )
 
 
 def _named(name: str) -> tuple[str, datetime | None]:
@@ -108,7 +103,7 @@ async def _make_ahead(
     settings: Settings,
     who: store.Who,
     report: Report,
-    tell: Callable[[str], None],
+    say: Callable[[str], None],
 ) -> None:
     ahead = timedelta(days=settings.retention_ahead_days)
     for table in AUDIT_TABLES:
@@ -120,25 +115,35 @@ async def _make_ahead(
                     await store.record_action(conn, "made", table, low, high, 0, who)
             if made is not None:
                 report.made += 1
-                tell(f"made {made} [{_day(low)}, {_day(high)})")
+                say(f"made {made} [{_day(low)}, {_day(high)})")
+
+
+async def _drop_partition(
+    conn: postgres.Connection,
+    partition: Partition,
+    who: store.Who,
+    report: Report,
+    say: Callable[[str], None],
+) -> None:
+    bounds = (partition.low, partition.high)
+    await _drop(conn, partition.table, partition.name, bounds, who, report, say)
 
 
 async def _drop(
     conn: postgres.Connection,
     table: str,
     name: str,
-    bounds: Partition | None,
+    bounds: tuple[datetime, datetime] | None,  # None: unknown (a detached legacy table)
     who: store.Who,
     report: Report,
-    tell: Callable[[str], None],
+    say: Callable[[str], None],
 ) -> None:
-    low = bounds.low if bounds else None
-    high = bounds.high if bounds else None
+    low, high = bounds or (None, None)
     rows = await store.drop_detached(conn, table, name, low, high, who)
     report.dropped += 1
     report.dropped_rows += rows
-    span = f"[{_day(low)}, {_day(high)})" if low and high else "(range unknown)"
-    tell(f"dropped {name} {span}: {rows} rows, recorded in retention_actions")
+    span = f"[{_day(low)}, {_day(high)})" if bounds else "(range unknown)"
+    say(f"dropped {name} {span}: {rows} rows, recorded in retention_actions")
 
 
 async def _prune(
@@ -147,7 +152,7 @@ async def _prune(
     settings: Settings,
     who: store.Who,
     report: Report,
-    tell: Callable[[str], None],
+    say: Callable[[str], None],
     batch: int,
 ) -> None:
     keep = at - timedelta(days=settings.retention_days)
@@ -159,7 +164,7 @@ async def _prune(
         if total:
             await store.record_action(conn, "pruned", table, None, cutoff, total, who)
             report.pruned[table] = total
-            tell(f"pruned {table}: {total} rows (cutoff {_day(cutoff)})")
+            say(f"pruned {table}: {total} rows (cutoff {_day(cutoff)})")
 
 
 async def _record_failure(conn: postgres.Connection, runner: str) -> None:

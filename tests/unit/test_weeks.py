@@ -9,8 +9,6 @@ from zoneinfo import ZoneInfo
 from service.core.weeks import (
     WEEK,
     Partition,
-    covered_until,
-    retained_since,
     to_drop,
     to_make,
     week_of,
@@ -63,11 +61,3 @@ def test_a_table_without_partitions_starts_this_week_and_a_late_run_fills_the_ga
     made = to_make(stale, now, timedelta(days=14))
     assert made[0][0] == MONDAY - 4 * WEEK  # no gap: from the end of the last one
     assert to_make(_weeks(MONDAY, 10), now, timedelta(days=14)) == []
-
-
-def test_the_range_kept_is_from_the_oldest_week_to_the_newest() -> None:
-    weeks = _weeks(MONDAY, 3)
-    assert retained_since(weeks) == MONDAY
-    assert covered_until(weeks) == MONDAY + 3 * WEEK
-    assert retained_since([]) is None
-    assert covered_until([]) is None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from service.adapters.postgres.pool import Connection
+from service.adapters.postgres.pool import Connection, db_now
 from service.core.weeks import AUDIT_TABLES, Partition
 
 # A whole run at a time (a second waits for the first, then finds little to do).
@@ -164,7 +164,9 @@ SELECT t.name,
  WHERE to_regclass(t.name) IS NOT NULL
  ORDER BY t.n
 """
-LAST_OK_RUN = "SELECT max(finished_at) FROM retention_runs WHERE result = 'ok'"
+LAST_OK_RUN = (
+    "SELECT max(finished_at) AS last_ok, now() AS at FROM retention_runs WHERE result = 'ok'"
+)
 # When retention began: the migration that brought it (the scan's role may not read the
 # ledger, and needs not: only status judges "has not run for a day" by it).
 RETENTION_BEGAN = "SELECT applied_at FROM schema_migrations WHERE version = '0013_retention'"
@@ -260,7 +262,7 @@ async def drop_detached(
     return the count."""
     async with conn.transaction():
         rows: int = await conn.fetchval(f'SELECT count(*) FROM "{name}"')
-        await conn.execute(RECORD_ACTION, "dropped", table, low, high, rows, who.os_user, who.host)
+        await record_action(conn, "dropped", table, low, high, rows, who)
         await conn.execute(f'DROP TABLE "{name}"')
     return rows
 
@@ -283,12 +285,12 @@ async def prune(conn: Connection, table: str, cutoff: datetime, *, batch: int) -
     prune = PRUNES[table]
     after, total = prune.first, 0
     while True:
-        gone = await conn.fetchrow(prune.sql, cutoff, batch, after)
-        count = gone["n"] if gone is not None else 0
+        gone = await conn.fetchrow(prune.sql, cutoff, batch, after)  # an aggregate: a row
+        count, last = (gone["n"], gone["last"]) if gone is not None else (0, None)
         total += count
-        if count < batch or gone is None:
+        if count < batch:
             return total
-        after = gone["last"]  # the database's order, its collation included
+        after = last  # the database's order, its collation included
 
 
 async def record_run(conn: Connection, runner: str, result: str) -> None:
@@ -309,16 +311,20 @@ class TableRetained:
 class Retained:
     tables: list[TableRetained]
     last_ok: datetime | None  # the last run that succeeded (None: none)
+    at: datetime  # the database's clock when read
 
-    def table(self, name: str) -> TableRetained | None:
-        return next((t for t in self.tables if t.name == name), None)
+    @property
+    def partitions_ahead_seconds(self) -> dict[str, float]:
+        """How far each audit table's partitions reach past ``at``."""
+        return {t.name: (t.until - self.at).total_seconds() for t in self.tables if t.until}
 
 
 async def retained(conn: Connection, tables: Sequence[str] = TABLES) -> Retained:
     rows = await conn.fetch(RETAINED, list(tables))
-    last_ok: datetime | None = await conn.fetchval(LAST_OK_RUN)
+    last = await conn.fetchrow(LAST_OK_RUN)  # an aggregate: always a row
+    last_ok, at = (last["last_ok"], last["at"]) if last is not None else (None, await db_now(conn))
     return Retained(
-        [TableRetained(r["name"], r["bytes"], r["since"], r["until"]) for r in rows], last_ok
+        [TableRetained(r["name"], r["bytes"], r["since"], r["until"]) for r in rows], last_ok, at
     )
 
 
