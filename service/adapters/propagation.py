@@ -11,6 +11,7 @@ costs its delivery its parent span, nothing else.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,12 @@ from opentelemetry.propagators.textmap import (
 log = logging.getLogger(__name__)
 
 MAX_VALUE_LENGTH = 4096
+
+# A W3C ``traceparent`` as the standard propagator reads it (version 00, or a later one
+# with more fields); its last two hex digits are the flags, bit 0 "sampled".
+_TRACEPARENT = re.compile(
+    r"[ \t]*(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-([0-9a-f]{2})(-.*)?[ \t]*"
+)
 
 
 def text_values(carrier: object, names: set[str]) -> dict[str, str]:
@@ -50,6 +57,8 @@ class SafePropagator(TextMapPropagator):
     def __init__(self, inner: TextMapPropagator) -> None:
         self.inner = inner
         self._fields = set(inner.fields)
+        # The W3C trace context is among what it reads (``unsampled`` may look at it).
+        self.reads_traceparent = "traceparent" in self._fields
 
     def extract(
         self,
@@ -78,6 +87,28 @@ class SafePropagator(TextMapPropagator):
     @property
     def fields(self) -> set[str]:
         return self.inner.fields
+
+
+def unsampled(carrier: object) -> bool:
+    """True when the carrier holds a well-formed ``traceparent`` whose sampled flag is off
+    and the installed propagator reads it: the head of the trace decided not to sample it.
+
+    Cheap, and builds no context: a consumer following that decision does no tracing
+    work for the delivery. Anything else (no header, a forged or unreadable one, another
+    propagator) is False: the delivery is read the usual way.
+    """
+    textmap = propagate.get_global_textmap()
+    if not isinstance(textmap, SafePropagator) or not textmap.reads_traceparent:
+        return False
+    value = carrier.get("traceparent") if isinstance(carrier, Mapping) else None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
+        return False
+    found = _TRACEPARENT.fullmatch(value)
+    if found is None or (found[2] and value.lstrip(" \t").startswith("00")):
+        return False  # unreadable, or a version 00 with more than its four fields
+    return not int(found[1], 16) & 1
 
 
 def install() -> None:

@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -226,9 +227,26 @@ def tracer_for(name: str) -> trace.Tracer | None:
     return trace.get_tracer(name)
 
 
-def consumer_tracer() -> trace.Tracer | None:
-    """The tracer of the consumer's spans (``None`` when no tracing is installed)."""
-    return tracer_for("service.consume")
+@dataclass(frozen=True)
+class ConsumerTracing:
+    """The consumer's tracer, and whether the head's sampling decision binds it.
+
+    With a parent-based sampler (the standard's default) a command whose
+    ``traceparent`` says "not sampled" gets no span, and the consumer learns that from
+    the header alone (``propagation.unsampled``), before any tracing work.
+    """
+
+    tracer: trace.Tracer
+    follows_head: bool
+
+
+def consumer_tracing(settings: Settings) -> ConsumerTracing | None:
+    """The consumer's tracing (``None`` when no tracing is installed)."""
+    tracer = tracer_for("service.consume")
+    if tracer is None:
+        return None
+    name = settings.otel_traces_sampler or "parentbased_always_on"
+    return ConsumerTracing(tracer, follows_head=name.startswith("parentbased_"))
 
 
 def setup_tracing(

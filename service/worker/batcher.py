@@ -13,6 +13,7 @@ its neighbours. A batch size of 1 is the per-message path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from uuid import UUID
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from service.core.domain import BatchRow, Expiry, duplicate_outcome, outcome_of
 from service.core.errors import ServiceError, UnknownReservation
@@ -167,15 +169,7 @@ class Batcher:
         ids: dict[UUID, Item] = {}
         for item in batch:
             ids.setdefault(item.reservation_id, item)
-        parent = batch[0].context if len(batch) == 1 else otel_context.Context()
-        # Links to the spans that are kept (sampled): a link to a dropped span leads nowhere.
-        links = [trace.Link(item.span_context) for item in batch if _kept(item.span_context)]
-        with tracer.start_as_current_span(
-            "expire reservations",
-            context=parent,
-            links=links if len(batch) > 1 else None,
-            attributes={"db.system": "postgresql", "expiry.batch_size": len(batch)},
-        ):
+        with _batch_span(batch):
             try:
                 rows = await self.store.expire_many(
                     list(ids),
@@ -193,3 +187,19 @@ class Batcher:
                     item.give(BatchFallback("its batch failed"))
                 return
         settle_items(batch, rows)
+
+
+def _batch_span(batch: list[Item]) -> contextlib.AbstractContextManager[object]:
+    """The batch's database span, when one of its deliveries is sampled: a child of the
+    first such delivery's span, linked to the others' (a link to a span that is not
+    kept leads nowhere). Else none, and no instrumented query under it makes one: a
+    batch of unsampled deliveries does no tracing work."""
+    kept = [item for item in batch if _kept(item.span_context)]
+    if not kept:
+        return suppress_instrumentation()
+    return tracer.start_as_current_span(
+        "expire reservations",
+        context=kept[0].context,
+        links=[trace.Link(item.span_context) for item in kept[1:]] or None,
+        attributes={"db.system": "postgresql", "expiry.batch_size": len(batch)},
+    )

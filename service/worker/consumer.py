@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 
 from service.adapters import amqp
 from service.adapters.amqp.consuming import AmqpMessage
+from service.adapters.telemetry import ConsumerTracing
 from service.core.domain import Expiry, parse_command
 from service.core.errors import PoisonMessage
 from service.worker.acks import Acks
@@ -64,11 +64,11 @@ class Consumer:
     reporter: Reporter
     failpoints: Failpoints
     in_flight: InFlight
-    tracer: trace.Tracer | None = None  # None: no tracing, no span per delivery
+    tracing: ConsumerTracing | None = None  # None: no tracing, no span per delivery
 
     async def on_message(self, message: AmqpMessage) -> None:
         """The broker's callback: route the delivery (it never waits for its handling)."""
-        delivery = Delivery.of(message, self.tracer)
+        delivery = Delivery.of(message, self.tracing)
         self.in_flight.begin()
         try:
             self._route(delivery)
@@ -142,7 +142,7 @@ class Consumer:
 
     def _in_task(self, delivery: Delivery, work: Coroutine[Any, Any, None]) -> None:
         """Handle it in a task of its own (in its consumer span's context when traced)."""
-        task = asyncio.create_task(self._settle(delivery, work), context=delivery.context)
+        task = asyncio.create_task(self._settle(delivery, work), context=delivery.task_context())
         self.in_flight.track(task)
 
     async def _settle(self, delivery: Delivery, work: Coroutine[Any, Any, None]) -> None:

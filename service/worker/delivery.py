@@ -14,7 +14,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
+from service.adapters import propagation
 from service.adapters.amqp.consuming import AmqpMessage
+from service.adapters.telemetry import ConsumerTracing
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
@@ -120,42 +122,62 @@ NEXT = {
 class Delivery:
     """One delivery being handled.
 
-    ``span`` is its consumer span (a non-recording one when tracing is off or the
-    trace is not sampled): started when it arrives, as a child of the trace context
-    its headers carry, and ended when its handling ends (acked, or settled
-    otherwise), so that it covers the whole job without anything waiting for it.
-    ``trace_context`` holds it for the batch's span and the delivery's own task.
+    ``span`` is its consumer span when it is traced and sampled (else the invalid span):
+    started when it arrives, as a child of the trace context its headers carry, and
+    ended when its handling ends (acked, or settled otherwise), so that it covers the
+    whole job without anything waiting for it. ``trace_context`` holds it for the
+    batch's span and the delivery's own task. A delivery whose ``traceparent`` says the
+    head of its trace did not sample it (``unsampled``) gets no span, no attributes and
+    no context: no tracing work at all, unless it needs a task of its own (rare: see
+    ``task_context``).
     """
 
     message: AmqpMessage
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
-    trace_context: otel_context.Context | None = None  # tracing on: its span's context
-    context: contextvars.Context | None = None  # traced: what its own task runs in
+    trace_context: otel_context.Context | None = None  # traced: its span's context
+    context: contextvars.Context | None = None  # what its own task runs in, once made
+    unsampled: bool = False  # the head decided: not sampled
     reservation: UUID | None = None  # once its body parsed
     stage: Stage = Stage.HANDLING
 
     @classmethod
-    def of(cls, message: AmqpMessage, tracer: trace.Tracer | None) -> Delivery:
-        """A delivery that has just arrived; its consumer span starts when ``tracer``."""
+    def of(cls, message: AmqpMessage, tracing: ConsumerTracing | None) -> Delivery:
+        """A delivery that has just arrived; its consumer span starts when traced."""
         delivery = cls(message, attempt_of(message), time.monotonic())
-        if tracer is None:
+        if tracing is None:
             return delivery
-        parent = propagate.extract(message.headers or {})  # untrusted: see propagation.py
-        span = tracer.start_span(
+        headers = message.headers or {}
+        if tracing.follows_head and propagation.unsampled(headers):
+            delivery.unsampled = True
+            return delivery
+        parent = propagate.extract(headers)  # untrusted: see propagation.py
+        span = tracing.tracer.start_span(
             f"{message.exchange or QUEUE} process",
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=arrival_attributes(message, delivery.attempt),
         )
-        # Unsampled too: what it leads to (its batch of one, say) follows its decision.
+        # Not sampled here too: what its own task does follows its decision.
         delivery.trace_context = trace.set_span_in_context(span, parent)
         if span.is_recording():
             delivery.span = span
-            delivery.context = contextvars.copy_context()
-            delivery.context.run(otel_context.attach, delivery.trace_context)
         return delivery
+
+    def task_context(self) -> contextvars.Context | None:
+        """The context a task of its own runs in (``None``: the caller's), made once.
+
+        Traced, its span's. Unsampled at the head, the remote context read now (a
+        retry's copy then carries the decision on, and no span under it is sampled
+        anew); the hot path never gets here, only a failure, a suspect or poison.
+        """
+        if self.context is None and self.unsampled and self.trace_context is None:
+            self.trace_context = propagate.extract(self.message.headers or {})
+        if self.context is None and self.trace_context is not None:
+            self.context = contextvars.copy_context()
+            self.context.run(otel_context.attach, self.trace_context)
+        return self.context
 
     @property
     def reservation_id(self) -> str:

@@ -8,7 +8,7 @@ from aio_pika.abc import AbstractChannel
 
 from service.adapters import postgres
 from service.adapters.metrics import Metrics
-from service.adapters.telemetry import consumer_tracer
+from service.adapters.telemetry import consumer_tracing
 from service.core.topology import DEAD_EXCHANGE, RETRY_EXCHANGE
 from service.settings import Settings
 from service.worker.acks import AckAlone, Acker, Acks
@@ -68,7 +68,7 @@ async def assemble(
         reporter=reporter,
         failpoints=failpoints,
         in_flight=in_flight,
-        tracer=consumer_tracer(),
+        tracing=consumer_tracing(settings),
     )
     recorder = Recorder(
         pool,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
@@ -102,6 +104,40 @@ async def test_one_trace_links_the_scan_the_consumer_and_the_database(
     assert database, "the guarded update shows as a database span under the consumer span"
     assert any(
         "UPDATE reservations" in str((s.attributes or {}).get("db.statement", "")) for s in database
+    )
+
+
+async def test_the_head_decides_for_the_consumer_and_the_database(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """Two commands whose traceparent says sampled and not sampled, batched together: the
+    sampled job has its consumer span and its database spans in its trace; the unsampled
+    one leaves no span anywhere."""
+    spans.clear()
+    sampled, unsampled = f"{secrets.randbits(128):032x}", f"{secrets.randbits(128):032x}"
+    ids = await insert_holds(stack.database_url, 2)
+    now = datetime.now(UTC)
+    for rid, (trace_id, flags) in zip(ids, [(unsampled, "00"), (sampled, "01")], strict=True):
+        parent = f"00-{trace_id}-{secrets.randbits(64) | 1:016x}-{flags}"
+        with suppress_instrumentation():  # the header as written, not the publisher's span
+            await publish_raw(
+                stack.amqp_url, [command_body(rid, now)], headers={"traceparent": parent}
+            )
+    async with running_consumer(stack.settings):  # both queued: one batch
+        await eventually(lambda: _expired(stack, 2))
+    finished = spans.get_finished_spans()
+    traces = {f"{s.context.trace_id:032x}" for s in finished if s.context is not None}
+    assert unsampled not in traces
+    in_sampled = [s for s in finished if s.context and f"{s.context.trace_id:032x}" == sampled]
+    [received] = [s for s in in_sampled if s.kind is SpanKind.CONSUMER]
+    assert (received.attributes or {})["messaging.operation.type"] == "process"
+    assert (received.attributes or {})["expiry.outcome"] == "expired"
+    index = _by_id(finished)
+    database = [s for s in in_sampled if received in _ancestors(s, index)]
+    assert any(s.name == "expire reservations" for s in database)
+    assert any(
+        s.kind is SpanKind.CLIENT and (s.attributes or {}).get("db.system") == "postgresql"
+        for s in database
     )
 
 

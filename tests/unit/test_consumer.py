@@ -17,11 +17,14 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from service.adapters import propagation
 from service.adapters.metrics import Metrics
+from service.adapters.telemetry import ConsumerTracing
 from service.core.domain import BatchRow, Expiry, Outcome, command_body
 from service.core.errors import PublishNotConfirmed, RowLocked
 from service.settings import Settings
@@ -354,7 +357,7 @@ async def test_a_traced_delivery_is_one_span_from_arrival_to_ack(world: World) -
     once; its consumer span starts then and ends when it is acked, carrying the
     outcome."""
     exporter = InMemorySpanExporter()
-    world.consumer.tracer = _traced(exporter)
+    world.consumer.tracing = _traced(exporter)
     message = command(world.store)
     await world.consumer.on_message(cast(AbstractIncomingMessage, message))
     assert (message.settled, exporter.get_finished_spans()) == ([], ())  # not waited for
@@ -368,10 +371,92 @@ async def test_a_traced_delivery_is_one_span_from_arrival_to_ack(world: World) -
     assert attributes["expiry.attempt"] == 1
 
 
-def _traced(exporter: InMemorySpanExporter) -> trace.Tracer:
-    provider = TracerProvider()
+def _traced(
+    exporter: InMemorySpanExporter,
+    sampler: sampling.Sampler = sampling.DEFAULT_ON,
+    *,
+    follows_head: bool = True,
+) -> ConsumerTracing:
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider.get_tracer("test")
+    return ConsumerTracing(provider.get_tracer("test"), follows_head=follows_head)
+
+
+SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+@pytest.fixture
+def spans_made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every span object made from now on, recording or not, SDK or API."""
+    made: list[object] = []
+    for kind in (sdk_trace.Span, trace.NonRecordingSpan):
+        original = kind.__init__
+
+        def counting(self: object, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            made.append(self)
+            __original(self, *args, **kwargs)
+
+        monkeypatch.setattr(kind, "__init__", counting)
+    return made
+
+
+async def test_an_unsampled_head_makes_no_span_anywhere_in_the_consumer(
+    world: World, spans_made: list[object]
+) -> None:
+    """The scan decided not to sample it (its traceparent says so): the consumer makes no
+    span object for it, its batch none, and exports nothing; it is handled as any other."""
+    exporter = InMemorySpanExporter()
+    world.consumer.tracing = _traced(exporter)
+    propagation.install()
+    message = command(world.store, headers={"traceparent": UNSAMPLED})
+    await world.deliver(message)
+    assert message.settled == ["ack"]
+    assert world.store.calls == ["batch of 1"]
+    assert spans_made == []
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_a_sampled_head_is_one_consumer_span_in_its_trace(world: World) -> None:
+    """The scan sampled it: the consumer span is the child of the scan's span, in its trace."""
+    exporter = InMemorySpanExporter()
+    world.consumer.tracing = _traced(exporter)
+    propagation.install()
+    await world.deliver(command(world.store, headers={"traceparent": SAMPLED}))
+    [span] = exporter.get_finished_spans()
+    assert span.context is not None
+    assert span.parent is not None
+    assert f"{span.context.trace_id:032x}" == SAMPLED.split("-")[1]
+    assert f"{span.parent.span_id:016x}" == SAMPLED.split("-")[2]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "follows_head", "headers", "spans"),
+    [
+        (sampling.DEFAULT_ON, True, {}, 1),  # no context: the consumer's sampler says yes
+        (sampling.DEFAULT_OFF, True, {}, 0),  # ... or no
+        (sampling.ParentBasedTraceIdRatio(0.0), True, {"traceparent": SAMPLED}, 1),
+        # a sampler that is not parent-based decides for itself, whatever the head said
+        (sampling.ALWAYS_ON, False, {"traceparent": UNSAMPLED}, 1),
+        # a traceparent the standard cannot read counts as none
+        (sampling.DEFAULT_ON, True, {"traceparent": UNSAMPLED + "-more"}, 1),
+        (sampling.DEFAULT_ON, True, {"traceparent": UNSAMPLED.upper()}, 1),
+    ],
+)
+async def test_without_a_head_decision_the_consumer_sampler_decides(
+    world: World,
+    sampler: sampling.Sampler,
+    follows_head: bool,
+    headers: dict[str, Any],
+    spans: int,
+) -> None:
+    exporter = InMemorySpanExporter()
+    world.consumer.tracing = _traced(exporter, sampler, follows_head=follows_head)
+    propagation.install()
+    message = command(world.store, headers=headers)
+    await world.deliver(message)
+    assert message.settled == ["ack"]
+    assert len(exporter.get_finished_spans()) == spans
 
 
 async def test_a_traced_job_carries_the_messaging_conventions_and_no_invented_ones(
@@ -381,7 +466,7 @@ async def test_a_traced_job_carries_the_messaging_conventions_and_no_invented_on
     exchange as destination, the routing key, the delivery tag), ours under expiry.*."""
     exporter = InMemorySpanExporter()
     message = command(world.store, delivery_tag=7)
-    world.consumer.tracer = _traced(exporter)
+    world.consumer.tracing = _traced(exporter)
     await world.deliver(message)
     [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
     attributes = dict(span.attributes or {})
@@ -417,7 +502,7 @@ async def test_a_retried_or_dead_lettered_job_ends_its_span_in_error(
         message = command(world.store)
     else:
         message = FakeMessage(b'{"reservation_id": "customer-name-here"}')
-    world.consumer.tracer = _traced(exporter)
+    world.consumer.tracing = _traced(exporter)
     await world.deliver(message)
     [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
     attributes = dict(span.attributes or {})
