@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import logging
 
-from service.adapters import lifecycle
+from service.adapters import lifecycle, telemetry
 from service.adapters.metrics import Metrics
 from service.adapters.postgres.schema import require_current_schema
 from service.cli import run_command
@@ -29,7 +29,12 @@ async def _main(settings: Settings, _args: argparse.Namespace) -> int:
         lifecycle.telemetry_for(settings, "consume", metrics=True) as installed,
     ):
         backlog_every = BACKLOG_REFRESH_SECONDS if installed.meters is not None else None
-        await run(settings, stop, metrics=Metrics(), backlog_every=backlog_every)
+        served = installed.meters is not None
+        metrics = Metrics(prometheus=telemetry.prometheus_registry(settings) if served else None)
+        try:
+            await run(settings, stop, metrics=metrics, backlog_every=backlog_every)
+        finally:
+            metrics.close()
     log.info("consumer.stopped")
     return 0
 

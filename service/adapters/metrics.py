@@ -20,7 +20,9 @@ from functools import partial
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from prometheus_client.registry import CollectorRegistry
 
+from service.adapters import histograms
 from service.core.domain import Outcome
 
 # Deadline-age buckets of the due backlog, in seconds: (label, upper bound).
@@ -185,14 +187,39 @@ GAUGES: tuple[tuple[str, str, str, Observe], ...] = (
 )
 
 
+# The consumer's histograms: (name, unit, description, bucket bounds).
+HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
+    ("expiry.processing.duration", "s", "Time to handle one delivery", DURATION_BOUNDARIES),
+    (
+        "expiry.lag",
+        "s",
+        "From a hold's deadline to its expiry (database clock)",
+        LAG_BOUNDARIES,
+    ),
+    (
+        "expiry.claim_to_finish",
+        "s",
+        "From the scan's confirmed publish of a hold to its expiry (database)",
+        LAG_BOUNDARIES,
+    ),
+)
+
 # The attributes of each outcome, made once (the SDK reads them on every call).
 _OUTCOME_ATTRIBUTES = {outcome: {"outcome": outcome.value} for outcome in Outcome}
 
 
 class Metrics:
-    """The consumer's counters and histograms, and its gauges (``gauges``)."""
+    """The consumer's counters and histograms, and its gauges (``gauges``).
 
-    def __init__(self, meter: Meter | None = None) -> None:
+    With ``prometheus`` (the registry a scrape reads, when Prometheus is the only
+    reader), its histograms are aggregated in the process and shown there as the
+    OpenTelemetry exporter would (``histograms.py``: a value costs a microsecond, not
+    ten); else they are the SDK's instruments. ``close`` takes them back out.
+    """
+
+    def __init__(
+        self, meter: Meter | None = None, *, prometheus: CollectorRegistry | None = None
+    ) -> None:
         meter = _meter(meter)
         self._counted: Counter[Outcome] = Counter()
         self._flush_scheduled = False
@@ -219,24 +246,30 @@ class Metrics:
             unit="{dead_letter}",
             description="Dead-letterings recorded, whatever did them (the broker too)",
         )
-        self.processing = meter.create_histogram(
-            "expiry.processing.duration",
-            unit="s",
-            description="Time to handle one delivery",
-            explicit_bucket_boundaries_advisory=DURATION_BOUNDARIES,
-        )
-        self.lag = meter.create_histogram(
-            "expiry.lag",
-            unit="s",
-            description="From a hold's deadline to its expiry (database clock)",
-            explicit_bucket_boundaries_advisory=LAG_BOUNDARIES,
-        )
-        self.claim_to_finish = meter.create_histogram(
-            "expiry.claim_to_finish",
-            unit="s",
-            description="From the scan's confirmed publish of a hold to its expiry (database)",
-            explicit_bucket_boundaries_advisory=LAG_BOUNDARIES,
-        )
+        local = [histograms.LocalHistogram(*spec) for spec in HISTOGRAMS]
+        self._served: tuple[CollectorRegistry, histograms.HistogramCollector] | None = None
+        recorders: list[histograms.Records]
+        if prometheus is not None:
+            scope = histograms.scope_labels(meter.name, meter.version, meter.schema_url)
+            self._served = (prometheus, histograms.serve(prometheus, local, scope))
+            recorders = list(local)
+        else:
+            recorders = [
+                meter.create_histogram(
+                    name,
+                    unit=unit,
+                    description=description,
+                    explicit_bucket_boundaries_advisory=bounds,
+                )
+                for name, unit, description, bounds in HISTOGRAMS
+            ]
+        self.processing, self.lag, self.claim_to_finish = recorders
+
+    def close(self) -> None:
+        """Take the histograms aggregated here back out of the registry they were shown in."""
+        if self._served is not None:
+            histograms.unserve(*self._served)
+            self._served = None
 
     def outcome(
         self,

@@ -34,6 +34,8 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from prometheus_client import REGISTRY
+from prometheus_client.registry import CollectorRegistry
 
 from service.adapters import propagation
 from service.core.redaction import might_hold_secret
@@ -302,13 +304,29 @@ def instrument() -> None:
 # -- metrics ---------------------------------------------------------------------
 
 
+def serves_prometheus(settings: Settings) -> bool:
+    """Metrics go to Prometheus alone, through the HTTP endpoint (then the consumer's
+    histograms are aggregated in the process: ``service/adapters/histograms.py``)."""
+    wanted = settings.otel_metrics_exporter
+    return (
+        not settings.otel_sdk_disabled
+        and bool(settings.http_port)
+        and wanted in (None, "prometheus")
+    )
+
+
+def prometheus_registry(settings: Settings) -> CollectorRegistry | None:
+    """The registry a scrape reads, when Prometheus is the only reader."""
+    return REGISTRY if serves_prometheus(settings) else None
+
+
 def setup_metrics(settings: Settings, role: str) -> MeterProvider | None:
-    """Install the meter provider: Prometheus (served by the HTTP endpoint) and/or OTLP."""
+    """Install the meter provider: Prometheus (served by the HTTP endpoint), or OTLP."""
     if settings.otel_sdk_disabled:
         return None
     readers: list[MetricReader] = []
     wanted = settings.otel_metrics_exporter
-    if settings.http_port and wanted in (None, "prometheus"):
+    if serves_prometheus(settings):
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
         readers.append(PrometheusMetricReader())
