@@ -39,6 +39,7 @@ PHASES = (
     "per-message",
     "peer",
     "traced",
+    "production",
     "locked",
     "sustained",
     "capacity",

@@ -197,13 +197,13 @@ class Bench:
 
     # -- the service -------------------------------------------------------------------
 
-    async def scan(self, holds: int) -> ScanRun:
+    async def scan(self, holds: int, env: Mapping[str, str] | None = None) -> ScanRun:
         """Place ``holds`` due holds and run ``python -m service.produce --scan`` once."""
         await db.reset(self.conn)
         await db.insert_due(self.conn, holds)
         started = time.monotonic()
         child = await self.procs.run(
-            self._name("scan"), "service.produce", "--scan", timeout=SCAN_TIMEOUT_SECONDS
+            self._name("scan"), "service.produce", "--scan", env=env, timeout=SCAN_TIMEOUT_SECONDS
         )
         published, seconds = scan_seconds(child.log, time.monotonic() - started)
         ready = await self.probe.ready(QUEUE)
@@ -212,10 +212,14 @@ class Bench:
         return ScanRun(published, seconds, child.usage())
 
     async def backlog(
-        self, consumers: int, env: Mapping[str, str] | None = None
+        self,
+        consumers: int,
+        env: Mapping[str, str] | None = None,
+        scan_env: Mapping[str, str] | None = None,
     ) -> tuple[ScanRun, ConsumeRun]:
-        """The scan publishes N due holds, then K consumers work them off."""
-        scan = await self.scan(self.options.holds)
+        """The scan (with ``scan_env``) publishes N due holds, then K consumers (with
+        ``env``) work them off."""
+        scan = await self.scan(self.options.holds, scan_env)
         children = await self._consumers(consumers, env or {})
         try:
             run = await self._work_off(children, self.options.holds)
@@ -223,9 +227,13 @@ class Bench:
             await self._stop(children)
         return scan, run
 
-    async def traced(self, ratio: float) -> tuple[ConsumeRun, int]:
-        """The backlog drain of one consumer that traces, ``ratio`` of its traces sampled,
-        exporting over OTLP/HTTP to a sink that discards them; the spans it was sent."""
+    async def traced(
+        self, ratio: float, env: Mapping[str, str] | None = None
+    ) -> tuple[ConsumeRun, int]:
+        """The backlog drain of one consumer (with ``env``) that traces, exporting over
+        OTLP/HTTP to a sink that discards what it is sent; the scan traces too and
+        decides, ``ratio`` of its jobs sampled (parent-based, as compose ships it), and
+        the consumer follows its decision. The spans the sink was sent (both's)."""
         name = self._name(f"otlp-sink-{ratio:g}")
         port_file, out = self.procs.logs / f"{name}.port", self.procs.logs / f"{name}.json"
         sink = self.procs.start(
@@ -236,12 +244,12 @@ class Bench:
                 while not port_file.exists() or not port_file.read_text():
                     self.procs.check_alive([sink])
                     await asyncio.sleep(POLL_SECONDS / 2)
-            env = {
+            tracing = {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port_file.read_text()}",
                 "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                 "OTEL_TRACES_SAMPLER_ARG": f"{ratio:g}",
             }
-            _, run = await self.backlog(1, env)
+            _, run = await self.backlog(1, {**tracing, **(env or {})}, tracing)
         finally:
             await self._stop([sink])
         return run, int(json.loads(out.read_text())["spans"])

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import (
     CarrierT,
     Getter,
@@ -25,15 +25,19 @@ from opentelemetry.propagators.textmap import (
     default_getter,
     default_setter,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = logging.getLogger(__name__)
+
+_W3C = TraceContextTextMapPropagator()
 
 MAX_VALUE_LENGTH = 4096
 
 # A W3C ``traceparent`` as the standard propagator reads it (version 00, or a later one
-# with more fields); its last two hex digits are the flags, bit 0 "sampled".
+# with more fields): its groups are the version, the flags (bit 0: sampled), the rest.
 _TRACEPARENT = re.compile(
-    r"[ \t]*(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-([0-9a-f]{2})(-.*)?[ \t]*"
+    r"[ \t]*((?!ff)[0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}"
+    r"-([0-9a-f]{2})(-.*)?[ \t]*"
 )
 
 
@@ -89,6 +93,34 @@ class SafePropagator(TextMapPropagator):
         return self.inner.fields
 
 
+def _read(carrier: object, name: str) -> re.Match[str] | None:
+    """The carrier's header ``name`` read as a W3C ``traceparent``, if it is one."""
+    value = carrier.get(name) if isinstance(carrier, Mapping) else None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
+        return None
+    found = _TRACEPARENT.fullmatch(value)
+    if found is None or (found[3] and found[1] == "00"):
+        return None  # unreadable, or a version 00 with more than its four fields
+    return found
+
+
+def traceparent_of(carrier: object, name: str = "traceparent") -> str | None:
+    """The carrier's header ``name`` when it is a well-formed W3C ``traceparent`` (a
+    forged one is None): what a replay carries on as its link to the replayed job."""
+    found = _read(carrier, name)
+    return None if found is None else found.group(0).strip(" \t")
+
+
+def link_to(traceparent: str) -> trace.Link | None:
+    """A link to the span a well-formed ``traceparent`` names (None if the standard
+    propagator does not read it so)."""
+    context = trace.get_current_span(_W3C.extract({"traceparent": traceparent}))
+    span_context = context.get_span_context()
+    return trace.Link(span_context) if span_context.is_valid else None
+
+
 def unsampled(carrier: object) -> bool:
     """True when the carrier holds a well-formed ``traceparent`` whose sampled flag is off
     and the installed propagator reads it: the head of the trace decided not to sample it.
@@ -100,15 +132,8 @@ def unsampled(carrier: object) -> bool:
     textmap = propagate.get_global_textmap()
     if not isinstance(textmap, SafePropagator) or not textmap.reads_traceparent:
         return False
-    value = carrier.get("traceparent") if isinstance(carrier, Mapping) else None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
-        return False
-    found = _TRACEPARENT.fullmatch(value)
-    if found is None or (found[2] and value.lstrip(" \t").startswith("00")):
-        return False  # unreadable, or a version 00 with more than its four fields
-    return not int(found[1], 16) & 1
+    found = _read(carrier, "traceparent")
+    return found is not None and not int(found[2], 16) & 1
 
 
 def install() -> None:

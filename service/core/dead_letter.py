@@ -40,6 +40,8 @@ REASON_HEADER = "x-expiry-reason"
 GIVE_UP_HEADER = "x-expiry-give-up"
 WORKER_HEADER = "x-expiry-worker"
 REPLAYED_BY_HEADER = "x-expiry-replayed-by"
+# A replay's link to the trace of the job it replays: that job's W3C traceparent.
+REPLAY_OF_HEADER = "x-expiry-replay-of"
 
 EXCERPT_BYTES = 64
 NAME_LIMIT = 64  # error classes and give-up reasons: short names

@@ -22,9 +22,9 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from service.adapters import amqp, postgres
+from service.adapters import amqp, postgres, propagation
 from service.adapters.amqp import messages
-from service.core.dead_letter import REPLAYED_BY_HEADER
+from service.core.dead_letter import REPLAY_OF_HEADER, REPLAYED_BY_HEADER
 from service.core.domain import command_body
 from service.core.errors import PublishNotConfirmed
 from service.core.topology import ROUTING_KEY
@@ -143,9 +143,14 @@ class Replayer:
         return await self._republish(row, body, None)
 
     async def _republish(self, row: Row, body: bytes, original: Copy | None) -> ReplayResult:
-        message = messages.command(
-            body, row["message_id"], headers={REPLAYED_BY_HEADER: self.actor.operator}
+        headers = {REPLAYED_BY_HEADER: self.actor.operator}
+        # The replay is a job of its own (its own trace), linked to the one it replays.
+        replay_of = (
+            None if original is None else propagation.traceparent_of(original.message.headers)
         )
+        if replay_of is not None:
+            headers[REPLAY_OF_HEADER] = replay_of
+        message = messages.command(body, row["message_id"], headers=headers)
         try:
             await amqp.publish_confirmed(
                 self.dead.exchange,

@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from service.adapters import propagation
 from service.adapters.amqp.consuming import AmqpMessage
 from service.adapters.telemetry import ConsumerTracing
-from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER
+from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER, REPLAY_OF_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
     MAX_ATTEMPT,
@@ -153,11 +153,14 @@ class Delivery:
             delivery.unsampled = True
             return delivery
         parent = propagate.extract(headers)  # untrusted: see propagation.py
+        replay_of = propagation.traceparent_of(headers, REPLAY_OF_HEADER)
+        link = None if replay_of is None else propagation.link_to(replay_of)
         span = tracing.tracer.start_span(
             f"{message.exchange or QUEUE} process",
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=arrival_attributes(message, delivery.attempt),
+            links=None if link is None else [link],
         )
         # Not sampled here too: what its own task does follows its decision.
         delivery.trace_context = trace.set_span_in_context(span, parent)

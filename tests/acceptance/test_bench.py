@@ -29,6 +29,7 @@ FIGURES = [
     "cpu_us.peer",
     *(f"{what}.trace100" for what in (*RUN_FIGURES, "spans")),
     *(f"{what}.trace10" for what in (*RUN_FIGURES, "spans")),
+    *(f"{what}.production" for what in (*RUN_FIGURES, "spans")),
     "locked.rate",
     "locked.at_release",
     "locked.after",
@@ -77,10 +78,10 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert document["machine"]["postgresql"]
     assert document["machine"]["rabbitmq"]
     targets = [TARGET_LINE.match(line) for line in section(result.stdout, "targets (")]
-    assert len(targets) == 11
+    assert len(targets) == 13
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 7
+    assert len(ratios) == 6
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)

@@ -27,8 +27,10 @@ from tests.support import (
     eventually,
     free_port,
     insert_holds,
+    pg_connection,
     publish_raw,
     queue_depth,
+    run_module,
     running_consumer,
     stack_settings,
     statuses,
@@ -139,6 +141,55 @@ async def test_the_head_decides_for_the_consumer_and_the_database(
         s.kind is SpanKind.CLIENT and (s.attributes or {}).get("db.system") == "postgresql"
         for s in database
     )
+
+
+async def test_a_replay_is_a_trace_of_its_own_linked_to_the_job_it_replays(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """A dead-lettered job replayed: the replayed job's consumer span is in a new trace,
+    with a link to the trace of the job it replays."""
+    spans.clear()
+    job = f"{secrets.randbits(128):032x}"
+    parent = f"00-{job}-{secrets.randbits(64) | 1:016x}-01"
+    async with running_consumer(stack.settings) as task:
+        await wait_for_consumers(stack.amqp_url, 1, task)
+        with suppress_instrumentation():
+            await publish_raw(
+                stack.amqp_url,
+                [b"not json"],
+                message_ids=["m-replayed"],
+                headers={"traceparent": parent},
+            )
+        await eventually(lambda: _recorded(stack, "m-replayed"))
+        replay = run_module(
+            "service.deadletters",
+            *("replay", "--all", "--yes", "--operator", "alice"),
+            env=stack.env(EXPIRY_REPLAY_OPERATORS="alice"),
+        )
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        await eventually(lambda: _consumer_spans_are(spans, 2))
+    first, again = sorted(
+        (s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER),
+        key=lambda s: s.start_time or 0,
+    )
+    assert first.context is not None
+    assert again.context is not None
+    assert f"{first.context.trace_id:032x}" == job
+    assert again.context.trace_id != first.context.trace_id
+    assert [f"{link.context.trace_id:032x}" for link in again.links] == [job]
+
+
+async def _recorded(stack: Stack, message_id: str) -> bool:
+    async with pg_connection(stack.database_url) as conn:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM dead_letters WHERE message_id = $1", message_id
+            )
+        )
+
+
+async def _consumer_spans_are(spans: InMemorySpanExporter, count: int) -> bool:
+    return len([s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]) == count
 
 
 async def test_a_retry_stays_in_the_same_trace(stack: Stack, spans: InMemorySpanExporter) -> None:
