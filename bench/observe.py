@@ -1,0 +1,280 @@
+"""What observing a job costs the consumer's own code, per 1,000 deliveries, without the
+broker's or the database's noise: ``python -m bench.observe``.
+
+Each mode runs in a process of its own (a tracer provider is process-wide): the real
+``Consumer``, ``Batcher``, ``Reporter`` and ``Metrics`` over a store that answers at
+once, fed N deliveries in bursts of ``--burst`` (what one socket read brings), each
+burst a batch. Tracing exports over OTLP/HTTP to ``bench.sink``, as the benchmark's
+traced consumers do. CPU is the process's (every thread: the export's encoding too),
+from the first delivery to the last span exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from service.core.domain import BatchRow, command_body
+
+MODES = {
+    "bare": "no tracing, no metrics reader",
+    "metrics-sdk": "/metrics, histograms through the SDK",
+    "metrics": "/metrics, histograms aggregated here (what ships)",
+    "trace10": "tracing, 10% sampled at the head",
+    "trace100": "tracing, 100% sampled",
+    "production": "/metrics + tracing 10% at the head",
+    "trace100-noexport": "tracing, 100% sampled, spans dropped at export (no encoding)",
+}
+
+
+@dataclass
+class Message:
+    """A delivery as the consumer reads it (settled through ``ack``)."""
+
+    body: bytes
+    message_id: str
+    headers: dict[str, Any]
+    delivery_tag: int
+    exchange: str = "expirations"
+    routing_key: str = "expire"
+    redelivered: bool = False
+    content_type: str | None = "application/json"
+    content_encoding: str | None = None
+    correlation_id: str | None = None
+    timestamp: None = None
+    type: str | None = None
+    app_id: str | None = None
+    acked: bool = False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+    async def reject(self, requeue: bool = False) -> None:
+        raise RuntimeError("a bench delivery is never rejected")
+
+
+@dataclass
+class Store:
+    """Every hold held and due: each batch wins all its rows."""
+
+    batches: list[int] = field(default_factory=list)
+
+    async def expire_many(
+        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+    ) -> dict[UUID, BatchRow]:
+        self.batches.append(len(ids))
+        await asyncio.sleep(0)
+        return {rid: BatchRow(won=True, lag=0.2, status="expired", due=True) for rid in ids}
+
+    async def expire_one(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("no delivery goes alone here")
+
+    async def mark_handling(self, key: str) -> int:
+        return 1
+
+    async def clear_handling(self, key: str) -> None:
+        return None
+
+
+def _messages(count: int, sampled_every: int | None) -> list[Message]:
+    """Commands; with ``sampled_every``, a traceparent on each, every n-th sampled."""
+    messages = []
+    for tag in range(1, count + 1):
+        rid = uuid.uuid4()
+        headers: dict[str, Any] = {}
+        if sampled_every is not None:
+            flags = "01" if tag % sampled_every == 0 else "00"
+            headers["traceparent"] = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-{flags}"
+        body = command_body(rid, _NOW)
+        messages.append(Message(body, f"expire:{rid}:1", headers, tag))
+    return messages
+
+
+_NOW = __import__("datetime").datetime.now(__import__("datetime").UTC)
+
+
+async def _run(mode: str, count: int, burst: int, endpoint: str | None) -> dict[str, float]:
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY
+
+    from service.adapters import propagation
+    from service.adapters.metrics import Metrics
+    from service.adapters.telemetry import ConsumerTracing
+    from service.settings import Settings
+    from service.worker.acks import AckAlone
+    from service.worker.batcher import Batcher
+    from service.worker.consumer import Consumer
+    from service.worker.failpoints import NO_FAILPOINTS
+    from service.worker.failures import Failures
+    from service.worker.inflight import InFlight
+    from service.worker.quarantine import Quarantine
+    from service.worker.reporting import Reporter
+
+    tracing = None
+    provider = None
+    sampled_every = None
+    if mode in ("trace10", "trace100", "production", "trace100-noexport"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider, sampling
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+
+        class Dropping(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        sampled_every = 1 if mode.startswith("trace100") else 10
+        provider = TracerProvider(sampler=sampling.ParentBased(sampling.ALWAYS_ON))
+        exporter = Dropping() if mode.endswith("noexport") else OTLPSpanExporter(endpoint=endpoint)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        propagation.install()
+        tracing = ConsumerTracing(provider.get_tracer("service.consume"), follows_head=True)
+    registry = None
+    meters = None
+    if mode in ("metrics-sdk", "metrics", "production"):
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        meters = MeterProvider(metric_readers=[PrometheusMetricReader()])
+        metrics.set_meter_provider(meters)
+        registry = None if mode == "metrics-sdk" else REGISTRY
+    settings = Settings(database_url="postgresql://bench@localhost/x", amqp_url="amqp://localhost/")
+    store, in_flight, acks = Store(), InFlight(), AckAlone()
+    reporter = Reporter(Metrics(prometheus=registry))
+    batcher = Batcher(store, size=100, wait_ms=5, workers=2)  # type: ignore[arg-type]
+    consumer = Consumer(
+        batcher=batcher,
+        store=store,  # type: ignore[arg-type]
+        quarantine=Quarantine(store, NO_FAILPOINTS),  # type: ignore[arg-type]
+        failures=Failures(settings, None, acks, reporter),  # type: ignore[arg-type]
+        acks=acks,
+        reporter=reporter,
+        failpoints=NO_FAILPOINTS,
+        in_flight=in_flight,
+        tracing=tracing,
+    )
+    messages = _messages(count, sampled_every)
+    started = time.process_time()
+    main_started = time.thread_time()
+    wall = time.perf_counter()
+    for first in range(0, count, burst):
+        for message in messages[first : first + burst]:
+            await consumer.on_message(message)
+        while len(in_flight):  # noqa: ASYNC110 (a turn at a time, as the loop runs them)
+            await asyncio.sleep(0)
+    handled = time.process_time()
+    main_thread = time.thread_time() - main_started
+    if provider is not None:
+        provider.force_flush()
+    done = time.process_time()
+    await batcher.close()
+    if not all(m.acked for m in messages):
+        raise RuntimeError("a delivery was not acked")
+    return {
+        "us_per_delivery": (done - started) / count * 1e6,
+        "us_before_export": (handled - started) / count * 1e6,
+        "us_loop_thread": main_thread / count * 1e6,
+        "wall_s": time.perf_counter() - wall,
+        "mean_batch": sum(store.batches) / len(store.batches),
+    }
+
+
+def _sink() -> tuple[subprocess.Popen[bytes], str, Path]:
+    folder = Path(tempfile.mkdtemp(prefix="observe-"))
+    port_file = folder / "port"
+    sink = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.sink",
+            "--port-file",
+            str(port_file),
+            "--out",
+            str(folder / "out.json"),
+        ]
+    )
+    for _ in range(300):
+        if port_file.exists() and port_file.read_text():
+            return sink, f"http://127.0.0.1:{port_file.read_text()}/v1/traces", folder
+        time.sleep(0.05)
+    sink.kill()
+    raise RuntimeError("the OTLP sink did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.observe", description=__doc__)
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--burst", type=int, default=100, help="deliveries per burst (batch)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default=",".join(MODES))
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        print(json.dumps(asyncio.run(_run(args.mode, args.count, args.burst, args.endpoint))))
+        return
+    sink, endpoint, folder = _sink()
+    try:
+        modes = [m for m in args.only.split(",") if m]
+        results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+        for _ in range(args.repeat):  # the modes alternate: a slow minute hits them all
+            for mode in modes:
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.observe",
+                        "--mode",
+                        mode,
+                        "--count",
+                        str(args.count),
+                        "--burst",
+                        str(args.burst),
+                        "--endpoint",
+                        endpoint,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "PYTHONHASHSEED": "0"},
+                )
+                results[mode].append(json.loads(out.stdout.splitlines()[-1]))
+    finally:
+        sink.terminate()
+        sink.wait()
+    base = sorted(r["us_per_delivery"] for r in results.get("bare", []))
+    bare = base[len(base) // 2] if base else None
+    print(
+        f"{args.count:,} deliveries in bursts of {args.burst}, median of {args.repeat} "
+        "(us of CPU per delivery: the process's, and its event loop thread's)"
+    )
+    print(f"{'mode':12} {'us/delivery':>12} {'loop thread':>12} {'vs bare':>8}  what")
+    for mode in modes:
+        runs = sorted(results[mode], key=lambda r: r["us_per_delivery"])
+        mid = runs[len(runs) // 2]
+        ratio = f"{bare / mid['us_per_delivery']:.0%}" if bare else "-"
+        print(
+            f"{mode:12} {mid['us_per_delivery']:12.1f} {mid['us_loop_thread']:12.1f} {ratio:>8}  "
+            f"{MODES[mode]}"
+        )
+    print(f"spans the sink was sent: {json.loads((folder / 'out.json').read_text())['spans']:,}")
+
+
+if __name__ == "__main__":
+    main()

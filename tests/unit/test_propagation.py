@@ -1,0 +1,74 @@
+"""Trace context read from a delivery's headers: the consumer's own reading of a lone
+``traceparent`` gives what the standard propagator gives, for every header a sender
+could write."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import TextMapPropagator
+
+from service.adapters import propagation
+
+HEX = "0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def safe_default_propagators() -> Iterator[None]:
+    """The default propagators (trace context, baggage), made safe as the service does."""
+    before: TextMapPropagator = propagate.get_global_textmap()
+    inner = before.inner if isinstance(before, propagation.SafePropagator) else before
+    propagate.set_global_textmap(propagation.SafePropagator(inner))
+    yield
+    propagate.set_global_textmap(before)
+
+
+def _span_context(context: Any) -> trace.SpanContext:
+    return trace.get_current_span(context).get_span_context()
+
+
+traceparents = st.one_of(
+    st.builds(
+        lambda version, trace_id, span_id, flags, rest, pad: (
+            f"{pad}{version}-{trace_id}-{span_id}-{flags}{rest}{pad}"
+        ),
+        st.sampled_from(["00", "01", "cc", "ff", "0g", "0"]),
+        st.text(HEX, min_size=32, max_size=32) | st.text(HEX, max_size=33) | st.just("0" * 32),
+        st.text(HEX, min_size=16, max_size=16) | st.text(HEX, max_size=17) | st.just("0" * 16),
+        st.text(HEX + "x", min_size=2, max_size=2),
+        st.sampled_from(["", "-", "-extra", "-00-x"]),
+        st.sampled_from(["", " ", "\t", "\n"]),
+    ),
+    st.text(max_size=80),
+)
+
+
+@given(value=traceparents, as_bytes=st.booleans())
+@example(value="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", as_bytes=False)
+@example(value=" cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02-x ", as_bytes=True)
+def test_a_lone_traceparent_reads_as_the_standard_reads_it(value: str, as_bytes: bool) -> None:
+    carrier: dict[str, Any] = {"traceparent": value.encode() if as_bytes else value}
+    ours = _span_context(propagation.parent_of(carrier))
+    standard = _span_context(propagate.extract(carrier))
+    assert ours == standard
+    assert (ours.trace_id, ours.span_id, ours.is_remote) == (
+        standard.trace_id,
+        standard.span_id,
+        standard.is_remote,
+    )
+    assert ours.trace_flags == standard.trace_flags
+    assert propagation.unsampled(carrier) == (
+        standard.is_valid and not standard.trace_flags.sampled
+    )
+
+
+def test_with_tracestate_or_baggage_the_standard_propagator_reads_it() -> None:
+    value = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    carrier = {"traceparent": value, "tracestate": "vendor=x"}
+    context = propagation.parent_of(carrier)
+    assert _span_context(context).trace_state.get("vendor") == "x"
