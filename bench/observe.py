@@ -23,9 +23,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
+from service.adapters.amqp.consuming import AmqpMessage
 from service.core.domain import BatchRow, command_body
 
 MODES = {
@@ -157,11 +158,11 @@ async def _run(mode: str, count: int, burst: int, endpoint: str | None) -> dict[
     settings = Settings(database_url="postgresql://bench@localhost/x", amqp_url="amqp://localhost/")
     store, in_flight, acks = Store(), InFlight(), AckAlone()
     reporter = Reporter(Metrics(prometheus=registry))
-    batcher = Batcher(store, size=100, wait_ms=5, workers=2)  # type: ignore[arg-type]
+    batcher = Batcher(store, size=100, wait_ms=5, workers=2)
     consumer = Consumer(
         batcher=batcher,
-        store=store,  # type: ignore[arg-type]
-        quarantine=Quarantine(store, NO_FAILPOINTS),  # type: ignore[arg-type]
+        store=store,
+        quarantine=Quarantine(store, NO_FAILPOINTS),
         failures=Failures(settings, None, acks, reporter),  # type: ignore[arg-type]
         acks=acks,
         reporter=reporter,
@@ -175,7 +176,7 @@ async def _run(mode: str, count: int, burst: int, endpoint: str | None) -> dict[
     wall = time.perf_counter()
     for first in range(0, count, burst):
         for message in messages[first : first + burst]:
-            await consumer.on_message(message)
+            await consumer.on_message(cast(AmqpMessage, message))
         while len(in_flight):  # noqa: ASYNC110 (a turn at a time, as the loop runs them)
             await asyncio.sleep(0)
     handled = time.process_time()
