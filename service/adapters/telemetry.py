@@ -38,6 +38,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 
 from service.adapters import propagation
+from service.adapters.span_export import ProcessSpanExporter
 from service.core.redaction import might_hold_secret
 from service.core.redaction import (
     redact as redact,  # re-exported: other modules import it from here
@@ -262,17 +263,14 @@ def setup_tracing(
     name = traces_exporter_name(settings)
     if exporter is None and name == "none":
         return None
-    provider = TracerProvider(
-        resource=resource_for(role, settings.worker_id), sampler=sampler_for(settings)
-    )
+    resource = resource_for(role, settings.worker_id)
+    provider = TracerProvider(resource=resource, sampler=sampler_for(settings))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif name == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:  # OTLP, encoded and sent by a process of its own (span_export.py)
+        provider.add_span_processor(BatchSpanProcessor(ProcessSpanExporter(resource)))
     trace.set_tracer_provider(provider)
     # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()
