@@ -367,10 +367,12 @@ class Bench:
     async def _work_off(
         self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
     ) -> ConsumeRun:
-        """Wait until ``expected`` holds expired; the consumers' CPU over that time."""
-        before, machine = [child.usage() for child in consumers], cpu.snapshot(self.servers)
+        """Wait until ``expected`` holds expired; the consumers' CPU over that time (with
+        their own children's: a traced consumer's span exporter)."""
+        before = [tree_usage(child.pid) for child in consumers]
+        machine = cpu.snapshot(self.servers)
         await self._until_expired([*consumers, *also], expected)
-        after = [child.usage() for child in consumers]
+        after = [tree_usage(child.pid) for child in consumers]
         shares = cpu.shares(self.servers, machine, cpu.snapshot(self.servers))
         return ConsumeRun(
             len(consumers),
