@@ -148,17 +148,15 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
         provider = TracerProvider(sampler=sampling.ParentBased(sampling.ALWAYS_ON))
         from opentelemetry.sdk.resources import Resource
 
-        from service.adapters.span_export import ProcessSpanExporter
+        from service.adapters.span_export import ProcessSpanProcessor
 
-        exporter: SpanExporter
         if mode.endswith("noexport"):
-            exporter = Dropping()
+            provider.add_span_processor(BatchSpanProcessor(Dropping()))
         elif mode.endswith("inprocess"):
-            exporter = OTLPSpanExporter(endpoint=endpoint)
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         else:  # what ships: a child process encodes and sends
             env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": str(endpoint)}
-            exporter = ProcessSpanExporter(Resource.create({}), env)
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+            provider.add_span_processor(ProcessSpanProcessor(Resource.create({}), env))
         trace.set_tracer_provider(provider)
         propagation.install()
         tracing = ConsumerTracing(provider.get_tracer("service.consume"), follows_head=True)

@@ -3,13 +3,14 @@
 Measured (docs/benchmark.md "Observability: what it costs"): the OTLP exporter's
 encoding of one span (``opentelemetry-exporter-otlp-proto-common``, on protobuf's
 fastest backend) costs ~50 µs and its HTTP send ~20 more, on the consumer's one
-GIL; and while the export thread encodes, the event loop's thread runs slower
-too. The gRPC exporter encodes with the same function; no library encodes
-without the GIL. So ``ProcessSpanExporter`` hands each batch the
-``BatchSpanProcessor`` gives it to a child, ``python -m
-service.adapters.span_export``, as plain tuples, pickled, down a pipe (a few µs a
-span); the child rebuilds them as the SDK's ``ReadableSpan`` and exports them with
-the standard ``OTLPSpanExporter``: the same ``OTEL_EXPORTER_OTLP_*`` variables, the
+GIL; and while the SDK's export thread works, the event loop's thread runs slower
+too (they take the GIL from each other). The gRPC exporter encodes with the same
+function; no library encodes without the GIL. So ``ProcessSpanProcessor`` hands
+the sampled spans, in batches, to a child, ``python -m
+service.adapters.span_export``, as plain tuples, pickled, down a pipe it never
+waits on (~17 µs a span, in the thread that ended it: there is no export thread);
+the child rebuilds them as the SDK's ``ReadableSpan`` and exports them with the
+standard ``OTLPSpanExporter``: the same ``OTEL_EXPORTER_OTLP_*`` variables, the
 same wire format, what a collector receives unchanged.
 
 The child gets only what the export needs: the ``OTEL_*`` variables and the ones
@@ -25,22 +26,29 @@ import contextlib
 import logging
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_SECONDS = 15.0  # the OTLP exporter's own timeout (10 s) and a margin
+BATCH_SPANS = 128  # spans written to the pipe together
+FLUSH_SECONDS = 1.0  # a span waits at most about this long for its batch
+MAX_PENDING_BYTES = 8 * 1024 * 1024  # what waits for a busy child (~60,000 spans)
 # What the child's environment keeps: the export's settings and the way to its endpoint.
 CHILD_ENV_PREFIXES = ("OTEL_",)
 CHILD_ENV_NAMES = frozenset(
@@ -65,7 +73,7 @@ CHILD_ENV_NAMES = frozenset(
     }
 )
 
-Context = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
+Ids = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -79,7 +87,7 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _context(context: trace.SpanContext) -> Context:
+def _context(context: trace.SpanContext) -> Ids:
     return (
         context.trace_id,
         context.span_id,
@@ -118,7 +126,7 @@ def _fields(span: ReadableSpan) -> tuple[Any, ...]:
     )
 
 
-def _span_context(fields: Context) -> trace.SpanContext:
+def _span_context(fields: Ids) -> trace.SpanContext:
     trace_id, span_id, flags, is_remote, state = fields
     return trace.SpanContext(
         trace_id, span_id, is_remote, TraceFlags(flags), TraceState(list(state))
@@ -159,10 +167,27 @@ def _read_frame(stream: IO[bytes]) -> Any:
     return pickle.loads(payload)  # the parent's own pipe: it wrote this
 
 
-class ProcessSpanExporter(SpanExporter):
-    """Sends spans to a child process that exports them over OTLP (see the module)."""
+class ProcessSpanProcessor(SpanProcessor):
+    """Ships each sampled span, once ended, to a child that exports it over OTLP (see
+    the module), from the thread that ended it: no export thread contends for the GIL.
 
-    def __init__(self, resource: Resource, environ: Mapping[str, str] | None = None) -> None:
+    Spans are gathered into batches of ``batch`` (or shipped after ``flush_seconds``
+    by a timer thread that wakes that often), each batch turned into plain values and
+    written to the pipe without blocking: what the pipe cannot take now waits, up to
+    ``max_pending_bytes``; a batch beyond that is dropped and counted (``dropped``),
+    as the SDK's batch processor drops spans when its queue is full. The span's end
+    never waits for the child.
+    """
+
+    def __init__(
+        self,
+        resource: Resource,
+        environ: Mapping[str, str] | None = None,
+        *,
+        batch: int = BATCH_SPANS,
+        flush_seconds: float = FLUSH_SECONDS,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+    ) -> None:
         self._child = subprocess.Popen(
             [sys.executable, "-m", "service.adapters.span_export"],
             stdin=subprocess.PIPE,
@@ -171,33 +196,104 @@ class ProcessSpanExporter(SpanExporter):
         )
         assert self._child.stdin is not None
         self._pipe: IO[bytes] = self._child.stdin
-        self._broken = False
-        self._write({"resource": dict(resource.attributes), "schema_url": resource.schema_url})
+        self._fd = self._pipe.fileno()
+        os.set_blocking(self._fd, False)
+        self._batch = batch
+        self._max_pending = max_pending_bytes
+        self._lock = threading.Lock()
+        self._spans: list[ReadableSpan] = []
+        self._pending: deque[memoryview] = deque()  # frames the pipe has not taken yet
+        self._pending_bytes = 0
+        self._closed = False
+        self.dropped = 0  # spans lost: the pipe was full, or the child gone
+        self._queue_frame(
+            _frame({"resource": dict(resource.attributes), "schema_url": resource.schema_url}), 0
+        )
+        self._stop = threading.Event()
+        self._timer = threading.Thread(
+            target=self._tick, args=(flush_seconds,), name="span-export", daemon=True
+        )
+        self._timer.start()
 
-    def _write(self, value: object) -> bool:
-        if self._broken:
-            return False
-        try:
-            self._pipe.write(_frame(value))
-            self._pipe.flush()
-        except (OSError, ValueError) as exc:  # the child is gone: spans are lost, not work
-            self._broken = True
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is None or not context.trace_flags.sampled:
+            return
+        with self._lock:
+            if self._closed:
+                self.dropped += 1
+                return
+            self._spans.append(span)
+            if len(self._spans) >= self._batch:
+                self._ship()
+
+    def _tick(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            with self._lock:
+                if not self._closed:
+                    self._ship()
+
+    def _ship(self) -> None:
+        """Turn the gathered spans into a frame and write what the pipe takes (locked)."""
+        spans, self._spans = self._spans, []
+        if spans:
+            self._queue_frame(_frame([_fields(span) for span in spans]), len(spans))
+        self._drain()
+
+    def _queue_frame(self, frame: bytes, spans: int) -> None:
+        if self._pending_bytes + len(frame) > self._max_pending:
+            self.dropped += spans
+            log.debug("trace.spans_dropped", extra={"spans": spans})
+            return
+        self._pending.append(memoryview(frame))
+        self._pending_bytes += len(frame)
+
+    def _drain(self) -> None:
+        while self._pending:
+            head = self._pending[0]
+            try:
+                written = os.write(self._fd, head)
+            except BlockingIOError:
+                return  # the child is busy: the rest waits for the next ship
+            except OSError as exc:  # the child is gone: what waits is lost, never work
+                self._lost(exc)
+                return
+            self._pending_bytes -= written
+            if written == len(head):
+                self._pending.popleft()
+            else:
+                self._pending[0] = head[written:]
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self._closed:
             log.warning("trace.export_process_gone", extra={"error": type(exc).__name__})
-            return False
-        return True
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._write([_fields(span) for span in spans]):
-            return SpanExportResult.SUCCESS
-        return SpanExportResult.FAILURE
+        self._closed = True
+        self._pending.clear()
+        self._pending_bytes = 0
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return not self._broken
+        """Write every span ended so far to the pipe, waiting for it at most the timeout."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            if self._closed:
+                return False
+            self._ship()
+            while self._pending and time.monotonic() < deadline:
+                select.select([], [self._fd], [], max(0.0, deadline - time.monotonic()))
+                self._drain()
+            return not self._pending
 
     def shutdown(self) -> None:
-        """Close the pipe and wait for the child to export what it holds."""
-        with contextlib.suppress(OSError):
-            self._pipe.close()
+        """Write what is left, close the pipe, and wait for the child to export it."""
+        self._stop.set()
+        self.force_flush(int(SHUTDOWN_SECONDS * 1000))
+        with self._lock:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._pipe.close()
         try:
             self._child.wait(SHUTDOWN_SECONDS)
         except subprocess.TimeoutExpired:

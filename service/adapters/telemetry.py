@@ -29,7 +29,6 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
@@ -38,7 +37,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 
 from service.adapters import propagation
-from service.adapters.span_export import ProcessSpanExporter
+from service.adapters.span_export import ProcessSpanProcessor
 from service.core.redaction import might_hold_secret
 from service.core.redaction import (
     redact as redact,  # re-exported: other modules import it from here
@@ -270,7 +269,7 @@ def setup_tracing(
     elif name == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     else:  # OTLP, encoded and sent by a process of its own (span_export.py)
-        provider.add_span_processor(BatchSpanProcessor(ProcessSpanExporter(resource)))
+        provider.add_span_processor(ProcessSpanProcessor(resource))
     trace.set_tracer_provider(provider)
     # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()

@@ -4,6 +4,7 @@ standard exporter would have encoded them in the service's own process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,12 +17,12 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider, sampling
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from service.adapters.span_export import ProcessSpanExporter, child_env
+from service.adapters.span_export import ProcessSpanProcessor, child_env
 
 RESOURCE = Resource.create({"service.name": "expiry-service", "expiry.role": "test"})
 
@@ -58,12 +59,13 @@ def endpoint() -> Iterator[tuple[str, Received]]:
     server.server_close()
 
 
-def _spans() -> tuple[ReadableSpan, ...]:
+def _provider(memory: InMemorySpanExporter, processor: ProcessSpanProcessor) -> TracerProvider:
     """Spans with every part the encoder reads: kinds, parents (remote too), attributes
-    of each type, events, links with attributes and trace state, error status, scopes."""
-    memory = InMemorySpanExporter()
+    of each type, events, links with attributes and trace state, error status, scopes;
+    ended under a provider with both processors (not shut down)."""
     provider = TracerProvider(resource=RESOURCE)
     provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider.add_span_processor(processor)
     tracer = provider.get_tracer("service.consume", "1.2", "https://example.test/schema")
     remote = trace.SpanContext(
         0x0AF7651916CD43DD8448EB211C80319C,
@@ -84,8 +86,7 @@ def _spans() -> tuple[ReadableSpan, ...]:
         span.set_status(Status(StatusCode.ERROR, "retried"))
         with provider.get_tracer("other").start_as_current_span("expire reservations"):
             pass
-    provider.shutdown()
-    return memory.get_finished_spans()
+    return provider
 
 
 def _request(body: bytes) -> ExportTraceServiceRequest:
@@ -94,31 +95,92 @@ def _request(body: bytes) -> ExportTraceServiceRequest:
     return request
 
 
+def _shipped(
+    url: str, **options: float
+) -> tuple[tuple[ReadableSpan, ...], ProcessSpanProcessor, TracerProvider]:
+    """Spans ended under a provider with the child's processor (and the same spans, read
+    by the SDK's in-memory exporter beside it)."""
+    memory = InMemorySpanExporter()
+    processor = ProcessSpanProcessor(
+        RESOURCE,
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url, "PATH": "/usr/bin:/bin"},
+        **options,  # type: ignore[arg-type]
+    )
+    provider = _provider(memory, processor)
+    return memory.get_finished_spans(), processor, provider
+
+
 def test_the_child_sends_what_the_standard_exporter_encodes(
     endpoint: tuple[str, Received],
 ) -> None:
     url, received = endpoint
-    spans = _spans()
-    exporter = ProcessSpanExporter(
-        RESOURCE, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url, "PATH": "/usr/bin:/bin"}
-    )
-    assert exporter.export(spans) is SpanExportResult.SUCCESS
-    exporter.shutdown()
+    spans, processor, provider = _shipped(url)
+    provider.shutdown()  # the processor ships what is left, the child exports it
     [body] = received.bodies
     assert _request(body) == encode_spans(spans)
+    assert processor.dropped == 0
+
+
+def test_unsampled_spans_are_not_shipped(endpoint: tuple[str, Received]) -> None:
+    url, received = endpoint
+    processor = ProcessSpanProcessor(RESOURCE, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url})
+    provider = TracerProvider(resource=RESOURCE, sampler=sampling.ALWAYS_OFF)
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span("not sampled"):
+        pass
+    provider.shutdown()
+    assert received.bodies == []
+
+
+def test_a_span_alone_is_sent_within_the_flush_interval(endpoint: tuple[str, Received]) -> None:
+    url, received = endpoint
+    spans, _processor, provider = _shipped(url, flush_seconds=0.2)
+    deadline = time.monotonic() + 10
+    while not received.bodies and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert received.bodies, "a span that fills no batch still goes, on the timer"
+    assert _request(received.bodies[0]) == encode_spans(spans)
+    provider.shutdown()
+
+
+def test_a_stalled_child_never_blocks_the_span_end(endpoint: tuple[str, Received]) -> None:
+    """The child stopped: the pipe fills, then what waits is bounded and the rest is
+    dropped and counted; ending a span stays quick."""
+    url, _received = endpoint
+    processor = ProcessSpanProcessor(
+        RESOURCE,
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url},
+        batch=10,
+        max_pending_bytes=64 * 1024,
+    )
+    os.kill(processor._child.pid, signal.SIGSTOP)
+    try:
+        provider = TracerProvider(resource=RESOURCE)
+        provider.add_span_processor(processor)
+        tracer = provider.get_tracer("t")
+        started = time.monotonic()
+        for _ in range(20_000):
+            with tracer.start_as_current_span("job", attributes={"a": "x" * 100}):
+                pass
+        assert time.monotonic() - started < 20
+        assert processor.dropped > 0
+    finally:
+        os.kill(processor._child.pid, signal.SIGCONT)
+    provider.shutdown()
 
 
 def test_a_child_that_died_loses_spans_not_the_caller(endpoint: tuple[str, Received]) -> None:
     url, received = endpoint
-    exporter = ProcessSpanExporter(RESOURCE, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url})
-    exporter._child.kill()
-    exporter._child.wait()
-    deadline = time.monotonic() + 5
-    result = SpanExportResult.SUCCESS
-    while result is SpanExportResult.SUCCESS and time.monotonic() < deadline:
-        result = exporter.export(_spans() * 200)  # until the pipe says it is broken
-    assert result is SpanExportResult.FAILURE
-    exporter.shutdown()
+    processor = ProcessSpanProcessor(RESOURCE, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url}, batch=5)
+    processor._child.kill()
+    processor._child.wait()
+    provider = TracerProvider(resource=RESOURCE)
+    provider.add_span_processor(processor)
+    for _ in range(100):
+        with provider.get_tracer("t").start_as_current_span("job"):
+            pass
+    provider.shutdown()
+    assert processor.dropped > 0
     assert received.bodies == []
 
 
