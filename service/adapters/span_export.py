@@ -49,6 +49,7 @@ SHUTDOWN_SECONDS = 15.0  # the OTLP exporter's own timeout (10 s) and a margin
 BATCH_SPANS = 128  # spans written to the pipe together
 FLUSH_SECONDS = 1.0  # a span waits at most about this long for its batch
 MAX_PENDING_BYTES = 8 * 1024 * 1024  # what waits for a busy child (~60,000 spans)
+DROP_WARNING_SECONDS = 60.0
 # What the child's environment keeps: the export's settings and the way to its endpoint.
 CHILD_ENV_PREFIXES = ("OTEL_",)
 CHILD_ENV_NAMES = frozenset(
@@ -206,6 +207,7 @@ class ProcessSpanProcessor(SpanProcessor):
         self._pending_bytes = 0
         self._closed = False
         self.dropped = 0  # spans lost: the pipe was full, or the child gone
+        self._next_warning = 0.0
         self._queue_frame(
             _frame({"resource": dict(resource.attributes), "schema_url": resource.schema_url}), 0
         )
@@ -246,7 +248,13 @@ class ProcessSpanProcessor(SpanProcessor):
     def _queue_frame(self, frame: bytes, spans: int) -> None:
         if self._pending_bytes + len(frame) > self._max_pending:
             self.dropped += spans
-            log.debug("trace.spans_dropped", extra={"spans": spans})
+            now = time.monotonic()
+            if now >= self._next_warning:  # the first drop, then at most once a minute
+                self._next_warning = now + DROP_WARNING_SECONDS
+                log.warning(
+                    "trace.spans_dropped",
+                    extra={"dropped_total": self.dropped, "pending_bytes": self._pending_bytes},
+                )
             return
         self._pending.append(memoryview(frame))
         self._pending_bytes += len(frame)
