@@ -310,6 +310,20 @@ class ProcessSpanProcessor(SpanProcessor):
             self._child.wait()
 
 
+def otlp_processor(resource: Resource) -> SpanProcessor:
+    """The OTLP span processor: the child's, or, if no child can be started (no
+    process may be spawned here, say), the SDK's batch processor in this process, as
+    before the child existed (said once, at start)."""
+    try:
+        return ProcessSpanProcessor(resource)
+    except OSError as exc:
+        log.warning("trace.export_process_unavailable", extra={"error": type(exc).__name__})
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(OTLPSpanExporter())
+
+
 def main() -> None:
     """The child: rebuild each batch the parent sends and export it over OTLP."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

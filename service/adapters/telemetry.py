@@ -37,7 +37,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 
 from service.adapters import propagation
-from service.adapters.span_export import ProcessSpanProcessor
+from service.adapters.span_export import otlp_processor
 from service.core.redaction import might_hold_secret
 from service.core.redaction import (
     redact as redact,  # re-exported: other modules import it from here
@@ -269,7 +269,7 @@ def setup_tracing(
     elif name == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     else:  # OTLP, encoded and sent by a process of its own (span_export.py)
-        provider.add_span_processor(ProcessSpanProcessor(resource))
+        provider.add_span_processor(otlp_processor(resource))
     trace.set_tracer_provider(provider)
     # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()

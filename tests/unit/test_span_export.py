@@ -18,11 +18,11 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider, sampling
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from service.adapters.span_export import ProcessSpanProcessor, child_env
+from service.adapters.span_export import ProcessSpanProcessor, child_env, otlp_processor
 
 RESOURCE = Resource.create({"service.name": "expiry-service", "expiry.role": "test"})
 
@@ -233,3 +233,18 @@ def test_a_service_with_an_otlp_endpoint_exports_through_the_child(
     assert span.name == "a job"
     resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
     assert (resource["service.name"], resource["expiry.role"]) == ("expiry-service", "consume")
+
+
+def test_without_a_child_the_spans_are_exported_in_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No process may be spawned: tracing still works, as the SDK's batch processor."""
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError("spawning is not allowed here")
+
+    monkeypatch.setattr(subprocess, "Popen", refused)
+    processor = otlp_processor(RESOURCE)
+    assert isinstance(processor, BatchSpanProcessor)
+    assert [r.msg for r in caplog.records] == ["trace.export_process_unavailable"]
+    processor.shutdown()  # type: ignore[no-untyped-call]
