@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
@@ -105,7 +106,7 @@ def _messages(count: int, sampled_every: int | None) -> list[Message]:
     return messages
 
 
-_NOW = __import__("datetime").datetime.now(__import__("datetime").UTC)
+_NOW = datetime.now(UTC)
 
 
 async def _run(  # noqa: C901 (one mode's set-up, then one loop)

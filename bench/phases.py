@@ -252,7 +252,10 @@ class Bench:
             _, run = await self.backlog(1, {**tracing, **(env or {})}, tracing)
         finally:
             await self._stop([sink])
-        return run, int(json.loads(out.read_text())["spans"])
+        sent = json.loads(out.read_text())
+        if sent["invalid"]:
+            raise RuntimeError(f"the OTLP sink got {sent['invalid']} bodies that are not OTLP")
+        return run, int(sent["spans"])
 
     async def peer(self) -> ConsumeRun:
         """Dramatiq doing the same job (``bench/peer.py``): N due holds, one message

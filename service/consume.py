@@ -29,8 +29,7 @@ async def _main(settings: Settings, _args: argparse.Namespace) -> int:
         lifecycle.telemetry_for(settings, "consume", metrics=True) as installed,
     ):
         backlog_every = BACKLOG_REFRESH_SECONDS if installed.meters is not None else None
-        served = installed.meters is not None
-        metrics = Metrics(prometheus=telemetry.prometheus_registry(settings) if served else None)
+        metrics = Metrics(prometheus=telemetry.prometheus_registry(settings))
         try:
             await run(settings, stop, metrics=metrics, backlog_every=backlog_every)
         finally:

@@ -23,7 +23,7 @@ from itertools import accumulate, chain
 from typing import Protocol
 
 from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
 # OpenTelemetry units as the Prometheus exporter names them (the only ones used here).
 _UNITS = {"s": "seconds"}
@@ -37,7 +37,7 @@ class Records(Protocol):
 
 @dataclass
 class _Series:
-    """One attribute set's buckets (the last one past every bound), sum and count."""
+    """One attribute set's bucket counts (the last one past every bound) and sum."""
 
     counts: list[int]
     total: float = 0.0
@@ -112,17 +112,3 @@ def scope_labels(name: str, version: str | None, schema_url: str | None) -> dict
         "otel_scope_schema_url": schema_url or "",
         "otel_scope_version": version or "",
     }
-
-
-def serve(
-    registry: CollectorRegistry, histograms: Sequence[LocalHistogram], scope: Mapping[str, str]
-) -> HistogramCollector:
-    """Register the histograms' collector with ``registry`` (``unserve`` takes it back)."""
-    collector = HistogramCollector(histograms, scope)
-    registry.register(collector)
-    return collector
-
-
-def unserve(registry: CollectorRegistry, collector: HistogramCollector) -> None:
-    """Take a collector ``serve`` registered back out of ``registry``."""
-    registry.unregister(collector)

@@ -246,12 +246,14 @@ class Metrics:
             unit="{dead_letter}",
             description="Dead-letterings recorded, whatever did them (the broker too)",
         )
-        local = [histograms.LocalHistogram(*spec) for spec in HISTOGRAMS]
         self._served: tuple[CollectorRegistry, histograms.HistogramCollector] | None = None
         recorders: list[histograms.Records]
         if prometheus is not None:
+            local = [histograms.LocalHistogram(*spec) for spec in HISTOGRAMS]
             scope = histograms.scope_labels(meter.name, meter.version, meter.schema_url)
-            self._served = (prometheus, histograms.serve(prometheus, local, scope))
+            collector = histograms.HistogramCollector(local, scope)
+            prometheus.register(collector)
+            self._served = (prometheus, collector)
             recorders = list(local)
         else:
             recorders = [
@@ -268,7 +270,8 @@ class Metrics:
     def close(self) -> None:
         """Take the histograms aggregated here back out of the registry they were shown in."""
         if self._served is not None:
-            histograms.unserve(*self._served)
+            registry, collector = self._served
+            registry.unregister(collector)
             self._served = None
 
     def outcome(

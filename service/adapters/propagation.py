@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 _W3C = TraceContextTextMapPropagator()
 
 MAX_VALUE_LENGTH = 4096
-DEFAULT_FIELDS = {"traceparent", "tracestate", "baggage"}  # OTEL_PROPAGATORS's default
 
 # A W3C ``traceparent`` as the standard propagator reads it (version 00, or a later one
 # with more fields): its groups are the version, the flags (bit 0: sampled), the rest.
@@ -62,11 +61,8 @@ class SafePropagator(TextMapPropagator):
     def __init__(self, inner: TextMapPropagator) -> None:
         self.inner = inner
         self._fields = set(inner.fields)
-        # The W3C trace context is among what it reads (``unsampled`` may look at it),
-        # or it is the standard's default pair, trace context and baggage
-        # (``parent_of`` may then read a lone traceparent itself).
+        # The W3C trace context is among what it reads (``unsampled`` may look at it).
         self.reads_traceparent = "traceparent" in self._fields
-        self.is_default = self._fields == DEFAULT_FIELDS
 
     def extract(
         self,
@@ -117,40 +113,15 @@ def traceparent_of(carrier: object, name: str = "traceparent") -> str | None:
     return None if found is None else found.group(0).strip(" \t")
 
 
-def link_to(traceparent: str) -> trace.Link | None:
-    """A link to the span a well-formed ``traceparent`` names (None if the standard
-    propagator does not read it so)."""
-    context = trace.get_current_span(_W3C.extract({"traceparent": traceparent}))
+def link_of(carrier: object, name: str) -> trace.Link | None:
+    """A link to the span the carrier's header ``name`` names, a W3C ``traceparent``
+    whatever the installed propagators (None when there is no well-formed one)."""
+    value = traceparent_of(carrier, name)
+    if value is None:
+        return None
+    context = trace.get_current_span(_W3C.extract({"traceparent": value}))
     span_context = context.get_span_context()
     return trace.Link(span_context) if span_context.is_valid else None
-
-
-def parent_of(carrier: object) -> otel_context.Context:
-    """The context the carrier's headers name, as ``propagate.extract`` reads it.
-
-    With the default propagators and a lone ``traceparent`` (no ``tracestate``, no
-    ``baggage``: what the scan sends), read here from the header alone: the same remote
-    span context the standard propagator makes, for a third of its time.
-    """
-    textmap = propagate.get_global_textmap()
-    if (
-        isinstance(textmap, SafePropagator)
-        and textmap.is_default
-        and isinstance(carrier, Mapping)
-        and "tracestate" not in carrier
-        and "baggage" not in carrier
-    ):
-        found = _read(carrier, "traceparent")
-        if found is not None:
-            value = found.group(0).strip(" \t")
-            remote = trace.SpanContext(
-                trace_id=int(value[3:35], 16),
-                span_id=int(value[36:52], 16),
-                is_remote=True,
-                trace_flags=trace.TraceFlags(int(found[2], 16)),
-            )
-            return trace.set_span_in_context(trace.NonRecordingSpan(remote))
-    return propagate.extract(carrier)
 
 
 def unsampled(carrier: object) -> bool:

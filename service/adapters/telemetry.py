@@ -204,11 +204,14 @@ def traces_exporter_name(settings: Settings) -> str:
     return "otlp" if settings.otel_endpoint else "none"
 
 
+DEFAULT_SAMPLER = "parentbased_always_on"  # the standard's, when OTEL_TRACES_SAMPLER is unset
+
+
 def sampler_for(settings: Settings) -> sampling.Sampler:
     """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` as the standard reads them
     (default ``parentbased_always_on``; a ratio's default is 1.0), from the settings, so
     that a value the standard does not know stops the command at start."""
-    name = settings.otel_traces_sampler or "parentbased_always_on"
+    name = settings.otel_traces_sampler or DEFAULT_SAMPLER
     ratio = 1.0 if settings.otel_traces_sampler_arg is None else settings.otel_traces_sampler_arg
     samplers: dict[str, Callable[[], sampling.Sampler]] = {
         "always_on": lambda: sampling.ALWAYS_ON,
@@ -247,7 +250,7 @@ def consumer_tracing(settings: Settings) -> ConsumerTracing | None:
     tracer = tracer_for("service.consume")
     if tracer is None:
         return None
-    name = settings.otel_traces_sampler or "parentbased_always_on"
+    name = settings.otel_traces_sampler or DEFAULT_SAMPLER
     return ConsumerTracing(tracer, follows_head=name.startswith("parentbased_"))
 
 
@@ -313,7 +316,8 @@ def serves_prometheus(settings: Settings) -> bool:
 
 
 def prometheus_registry(settings: Settings) -> CollectorRegistry | None:
-    """The registry a scrape reads, when Prometheus is the only reader."""
+    """The registry a scrape reads, when Prometheus is the only reader (that is when
+    ``setup_metrics`` installs its reader there)."""
     return REGISTRY if serves_prometheus(settings) else None
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from service.adapters import propagation
@@ -152,9 +152,8 @@ class Delivery:
         if tracing.follows_head and propagation.unsampled(headers):
             delivery.unsampled = True
             return delivery
-        parent = propagation.parent_of(headers)  # untrusted: see propagation.py
-        replay_of = propagation.traceparent_of(headers, REPLAY_OF_HEADER)
-        link = None if replay_of is None else propagation.link_to(replay_of)
+        parent = propagate.extract(headers)  # untrusted: see propagation.py
+        link = propagation.link_of(headers, REPLAY_OF_HEADER)
         span = tracing.tracer.start_span(
             f"{message.exchange or QUEUE} process",
             context=parent,
@@ -176,7 +175,7 @@ class Delivery:
         anew); the hot path never gets here, only a failure, a suspect or poison.
         """
         if self.context is None and self.unsampled and self.trace_context is None:
-            self.trace_context = propagation.parent_of(self.message.headers or {})
+            self.trace_context = propagate.extract(self.message.headers or {})
         if self.context is None and self.trace_context is not None:
             self.context = contextvars.copy_context()
             self.context.run(otel_context.attach, self.trace_context)
