@@ -203,7 +203,9 @@ def stack_settings(database_url: str, amqp_url: str, **overrides: Any) -> Settin
         "lock_timeout_ms": 1000,
         "statement_timeout_ms": 5000,
         "db_connect_timeout_seconds": 2.0,
-        "publish_timeout_seconds": 5.0,
+        # The default: it bounds connecting too, and a loaded 2-core host running a browser
+        # once kept RabbitMQ 4's greeting back for over 5 s (CI, leg 2).
+        "publish_timeout_seconds": 10.0,
         "heartbeat_seconds": 5,
         "shutdown_timeout_seconds": 10.0,
         "log_format": "text",
