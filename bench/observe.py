@@ -213,7 +213,8 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     }
 
 
-def _sink() -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_sink() -> tuple[subprocess.Popen[bytes], str, Path]:
+    """``bench.sink`` on a port of its own: the process, its OTLP/HTTP traces URL, its folder."""
     folder = Path(tempfile.mkdtemp(prefix="observe-"))
     port_file = folder / "port"
     sink = subprocess.Popen(
@@ -247,7 +248,7 @@ def main() -> None:
     if args.mode:
         print(json.dumps(asyncio.run(_run(args.mode, args.count, args.burst, args.endpoint))))
         return
-    sink, endpoint, folder = _sink()
+    sink, endpoint, folder = start_sink()
     try:
         modes = [m for m in args.only.split(",") if m]
         results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}

@@ -26,7 +26,7 @@ async def _main(settings: Settings, _args: argparse.Namespace) -> int:
         await require_current_schema(conn)  # else every delivery would fail, then die
     with (
         lifecycle.stop_on_signals(asyncio.Event()) as stop,
-        lifecycle.telemetry_for(settings, "consume", metrics=True) as installed,
+        lifecycle.telemetry_for(settings, "consume", metrics=True, long_lived=True) as installed,
     ):
         backlog_every = BACKLOG_REFRESH_SECONDS if installed.meters is not None else None
         metrics = Metrics(prometheus=telemetry.prometheus_registry(settings))

@@ -91,10 +91,16 @@ class Telemetry:
 
 
 @contextlib.contextmanager
-def telemetry_for(settings: Settings, role: str, *, metrics: bool = False) -> Iterator[Telemetry]:
-    """Tracing (and metrics, for a process that serves or pushes them), flushed at the end."""
+def telemetry_for(
+    settings: Settings, role: str, *, metrics: bool = False, long_lived: bool = False
+) -> Iterator[Telemetry]:
+    """Tracing (and metrics, for a process that serves or pushes them), flushed at the end.
+
+    ``long_lived``: its span export process is ready before the work starts (see
+    ``telemetry.setup_tracing``); a short command starts at once, beside it.
+    """
     installed = Telemetry(
-        telemetry.setup_tracing(settings, role),
+        telemetry.setup_tracing(settings, role, export_ready=long_lived),
         telemetry.setup_metrics(settings, role) if metrics else None,
     )
     try:

@@ -18,6 +18,12 @@ that reach an HTTP endpoint (proxy, CA bundle), never the service's credentials.
 It ignores SIGINT and SIGTERM, and ends when its pipe closes: at the service's
 shutdown, after its last batch, or when the service dies. A child that died, or a
 pipe that broke, loses spans, never work: tracing is for watching.
+
+The child says it is ready (a byte on its stdout) once its exporter is made. A
+long-lived process (the consumer) waits for that before it starts its work: the
+child's start (its imports, ~0.3 s of CPU) is then not taken from the first
+deliveries, and a child that cannot start is known at once, and replaced by the
+SDK's batch processor in the process.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_SECONDS = 15.0  # the OTLP exporter's own timeout (10 s) and a margin
+READY_SECONDS = 10.0  # how long a process that waits for its child's start waits
+READY = b"R"  # what the child writes on its stdout once its exporter is made
 BATCH_SPANS = 128  # spans written to the pipe together
 FLUSH_SECONDS = 1.0  # a span waits at most about this long for its batch
 MAX_PENDING_BYTES = 8 * 1024 * 1024  # what waits for a busy child (~60,000 spans)
@@ -191,15 +199,25 @@ class ProcessSpanProcessor(SpanProcessor):
         batch: int = BATCH_SPANS,
         flush_seconds: float = FLUSH_SECONDS,
         max_pending_bytes: int = MAX_PENDING_BYTES,
+        ready_seconds: float | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
+        """``ready_seconds``: wait that long at most for the child to say it is ready,
+        else kill it and raise ``ExportProcessUnavailable`` (None: do not wait).
+        ``command``: the child's (tests), by default this module's ``main``."""
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "service.adapters.span_export"],
+            [sys.executable, "-m", "service.adapters.span_export"]
+            if command is None
+            else list(command),
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # the child's "ready", and nothing else
             env=child_env(os.environ if environ is None else environ),
             start_new_session=True,  # a Ctrl-C in the terminal is the parent's to handle
         )
         assert self._child.stdin is not None
+        assert self._child.stdout is not None
         self._pipe: IO[bytes] = self._child.stdin
+        self._said: IO[bytes] = self._child.stdout  # the child's "ready"
         self._fd = self._pipe.fileno()
         os.set_blocking(self._fd, False)
         self._batch = batch
@@ -214,11 +232,31 @@ class ProcessSpanProcessor(SpanProcessor):
         self._queue_frame(
             _frame({"resource": dict(resource.attributes), "schema_url": resource.schema_url}), 0
         )
+        self._drain()  # the child reads the resource before it makes its exporter
+        if ready_seconds is not None:
+            self._wait_ready(ready_seconds)
         self._stop = threading.Event()
         self._timer = threading.Thread(
             target=self._tick, args=(flush_seconds,), name="span-export", daemon=True
         )
         self._timer.start()
+
+    def _wait_ready(self, seconds: float) -> None:
+        readable, _, _ = select.select([self._said], [], [], seconds)
+        said = os.read(self._said.fileno(), 1) if readable else b""
+        if said == READY:
+            return
+        self._child.kill()
+        self._child.wait()
+        self._pipe.close()
+        self._said.close()
+        if not readable:
+            why = "did not start in time"
+        elif said:
+            why = "did not say it was ready"
+        else:
+            why = f"exited ({self._child.returncode})"
+        raise ExportProcessUnavailable(f"the span export process {why}")
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -315,20 +353,39 @@ class ProcessSpanProcessor(SpanProcessor):
             log.warning("trace.export_process_killed", extra={"after_s": SHUTDOWN_SECONDS})
             self._child.kill()
             self._child.wait()
+        self._said.close()
 
 
-def otlp_processor(resource: Resource) -> SpanProcessor:
+class ExportProcessUnavailable(OSError):
+    """The export child exited or stayed silent before it said it was ready."""
+
+
+def otlp_processor(resource: Resource, *, ready_seconds: float | None = None) -> SpanProcessor:
     """The OTLP span processor: the child's, or, if no child can be started (no
-    process may be spawned here, say), the SDK's batch processor in this process, as
-    before the child existed (said once, at start)."""
+    process may be spawned here, say, or, with ``ready_seconds``, it did not say it
+    was ready in time), the SDK's batch processor in this process, as before the child
+    existed (said once, at start)."""
     try:
-        return ProcessSpanProcessor(resource)
+        return ProcessSpanProcessor(resource, ready_seconds=ready_seconds)
     except OSError as exc:
-        log.warning("trace.export_process_unavailable", extra={"error": type(exc).__name__})
+        log.warning(
+            "trace.export_process_unavailable",
+            extra={"error": type(exc).__name__, "reason": str(exc)},
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     return BatchSpanProcessor(OTLPSpanExporter())
+
+
+def _say_ready() -> None:
+    """Write ``READY`` on stdout, then point stdout at /dev/null (it is the parent's
+    pipe, which a parent that does not wait never reads)."""
+    with contextlib.suppress(OSError):  # a parent that closed it does not wait
+        os.write(1, READY)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def main() -> None:
@@ -343,6 +400,7 @@ def main() -> None:
         return
     resource = Resource(first["resource"], first["schema_url"])
     exporter = OTLPSpanExporter()
+    _say_ready()
     try:
         while (batch := _read_frame(stream)) is not None:
             exporter.export([_span(fields, resource) for fields in batch])

@@ -37,7 +37,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 
 from service.adapters import propagation
-from service.adapters.span_export import otlp_processor
+from service.adapters.span_export import READY_SECONDS, otlp_processor
 from service.core.redaction import might_hold_secret
 from service.core.redaction import (
     redact as redact,  # re-exported: other modules import it from here
@@ -255,12 +255,19 @@ def consumer_tracing(settings: Settings) -> ConsumerTracing | None:
 
 
 def setup_tracing(
-    settings: Settings, role: str, exporter: SpanExporter | None = None
+    settings: Settings,
+    role: str,
+    exporter: SpanExporter | None = None,
+    *,
+    export_ready: bool = False,
 ) -> TracerProvider | None:
     """Install the tracer provider and the aio-pika and asyncpg instrumentation.
 
     Nothing is installed when tracing is off, so it then costs nothing.
     ``exporter`` (tests) overrides the one the OTEL_* variables choose.
+    ``export_ready`` (a long-lived process: the consumer): OTLP's export process has
+    started before this returns (``span_export.READY_SECONDS`` at most, else spans are
+    exported in this process).
     """
     name = traces_exporter_name(settings)
     if exporter is None and name == "none":
@@ -272,7 +279,8 @@ def setup_tracing(
     elif name == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     else:  # OTLP, encoded and sent by a process of its own (span_export.py)
-        provider.add_span_processor(otlp_processor(resource))
+        ready_seconds = READY_SECONDS if export_ready else None
+        provider.add_span_processor(otlp_processor(resource, ready_seconds=ready_seconds))
     trace.set_tracer_provider(provider)
     # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()

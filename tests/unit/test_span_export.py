@@ -4,6 +4,7 @@ standard exporter would have encoded them in the service's own process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from service.adapters.span_export import ProcessSpanProcessor, child_env, otlp_processor
+from service.adapters.span_export import (
+    ExportProcessUnavailable,
+    ProcessSpanProcessor,
+    child_env,
+    otlp_processor,
+)
 
 RESOURCE = Resource.create({"service.name": "expiry-service", "expiry.role": "test"})
 
@@ -201,18 +207,20 @@ def test_the_child_gets_no_credentials() -> None:
 
 
 SERVICE_WITH_OTLP = """
+import sys
 from opentelemetry import trace
 from service.adapters import telemetry
 from service.settings import Settings
-provider = telemetry.setup_tracing(Settings(), "consume")
+provider = telemetry.setup_tracing(Settings(), "consume", export_ready=sys.argv[1] == "ready")
 with trace.get_tracer("t").start_as_current_span("a job"):
     pass
 provider.shutdown()
 """
 
 
+@pytest.mark.parametrize("start", ["ready", "beside"])
 def test_a_service_with_an_otlp_endpoint_exports_through_the_child(
-    endpoint: tuple[str, Received],
+    endpoint: tuple[str, Received], start: str
 ) -> None:
     """As a command sets it up from the standard variables: the span arrives, with the
     service's resource, and the command exits when its child has sent it."""
@@ -224,7 +232,7 @@ def test_a_service_with_an_otlp_endpoint_exports_through_the_child(
         "OTEL_EXPORTER_OTLP_ENDPOINT": url.removesuffix("/v1/traces"),
     }
     done = subprocess.run(
-        [sys.executable, "-c", SERVICE_WITH_OTLP], env=env, timeout=60, capture_output=True
+        [sys.executable, "-c", SERVICE_WITH_OTLP, start], env=env, timeout=60, capture_output=True
     )
     assert done.returncode == 0, done.stderr
     [body] = received.bodies
@@ -247,4 +255,57 @@ def test_without_a_child_the_spans_are_exported_in_process(
     processor = otlp_processor(RESOURCE)
     assert isinstance(processor, BatchSpanProcessor)
     assert [r.msg for r in caplog.records] == ["trace.export_process_unavailable"]
+    processor.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _fake_child(script: str) -> list[str]:
+    return [sys.executable, "-c", "import sys, time\n" + script]
+
+
+def test_a_process_that_waits_for_its_child_starts_when_the_child_is_ready() -> None:
+    """With ``ready_seconds`` the processor returns once the child has said so."""
+    ready_after = 0.5
+    started = time.monotonic()
+    processor = ProcessSpanProcessor(
+        RESOURCE,
+        ready_seconds=30,
+        command=_fake_child(
+            f"time.sleep({ready_after}); sys.stdout.buffer.write(b'R'); sys.stdout.flush();"
+            " sys.stdin.buffer.read()"
+        ),
+    )
+    assert time.monotonic() - started >= ready_after
+    assert processor._child.poll() is None
+    processor.shutdown()
+    assert processor._child.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [
+        ("time.sleep(60)", "did not start in time"),
+        ("sys.exit(3)", "exited (3)"),
+        (
+            "sys.stdout.buffer.write(b'?'); sys.stdout.flush(); time.sleep(60)",
+            "did not say it was ready",
+        ),
+    ],
+)
+def test_a_child_that_does_not_say_ready_is_killed_and_named(script: str, why: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ExportProcessUnavailable, match=re.escape(why)):
+        ProcessSpanProcessor(RESOURCE, ready_seconds=1.0, command=_fake_child(script))
+    assert time.monotonic() - started < 10
+
+
+def test_a_child_that_cannot_start_leaves_the_export_in_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer waits for its child: one that exits at start (here: no Python to run
+    it) is known at once, and the spans are exported in the process instead."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    processor = otlp_processor(RESOURCE, ready_seconds=10)
+    assert isinstance(processor, BatchSpanProcessor)
+    [record] = [r for r in caplog.records if r.msg == "trace.export_process_unavailable"]
+    assert record.reason == "the span export process exited (1)"  # type: ignore[attr-defined]
     processor.shutdown()  # type: ignore[no-untyped-call]
