@@ -49,8 +49,15 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics (counters and histograms)", ("Metrics.", "LocalHistogram.", "_Counter.")),
 )
 OTHER = "the job itself (parse, batch, ack, bookkeeping)"
-# Frames outside the measured loop: set-up, and the flush and shutdown after it.
-OUTSIDE = ("_find_and_load (", "_messages (", "force_flush (", ".shutdown (", "Batcher.close (")
+# Functions outside the measured loop: set-up, and the flush and shutdown after it.
+OUTSIDE = frozenset({"_find_and_load", "_messages", "force_flush", "shutdown", "Batcher.close"})
+
+
+def _outside(frame: str) -> bool:
+    """The frame is one of ``OUTSIDE``'s functions (by its name, or a method's after its
+    class)."""
+    name = frame.split(" (", 1)[0]
+    return name in OUTSIDE or name.rsplit(".", 1)[-1] in OUTSIDE
 
 
 def _loop_lines() -> range:
@@ -70,7 +77,7 @@ def measured(
     for frames, count in stacks:
         if not any(frame.startswith("BaseEventLoop.run_forever (") for frame in frames):
             continue
-        if any(frame.startswith(OUTSIDE) for frame in frames):
+        if any(_outside(frame) for frame in frames):
             continue
         runs = [frame for frame in frames if frame.startswith("_run (bench/observe.py:")]
         if runs and int(runs[-1].rsplit(":", 1)[1].rstrip(")")) not in loop:
