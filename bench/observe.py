@@ -221,6 +221,19 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     }
 
 
+def mode_command(mode: str, count: int, burst: int, endpoint: str) -> list[str]:
+    """The command that runs one mode in a process of its own (a line of JSON, last)."""
+    return [
+        *(sys.executable, "-m", "bench.observe", "--mode", mode),
+        *("--count", str(count), "--burst", str(burst), "--endpoint", endpoint),
+    ]
+
+
+def mode_env() -> dict[str, str]:
+    """A mode's environment: this one, with the same hash seed for every run."""
+    return {**os.environ, "PYTHONHASHSEED": "0"}
+
+
 def start_sink() -> tuple[subprocess.Popen[bytes], str, Path]:
     """``bench.sink`` on a port of its own: the process, its OTLP/HTTP traces URL, its folder."""
     folder = Path(tempfile.mkdtemp(prefix="observe-"))
@@ -263,23 +276,11 @@ def main() -> None:
         for _ in range(args.repeat):  # the modes alternate: a slow minute hits them all
             for mode in modes:
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.observe",
-                        "--mode",
-                        mode,
-                        "--count",
-                        str(args.count),
-                        "--burst",
-                        str(args.burst),
-                        "--endpoint",
-                        endpoint,
-                    ],
+                    mode_command(mode, args.count, args.burst, endpoint),
                     check=True,
                     capture_output=True,
                     text=True,
-                    env={**os.environ, "PYTHONHASHSEED": "0"},
+                    env=mode_env(),
                 )
                 results[mode].append(json.loads(out.stdout.splitlines()[-1]))
     finally:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -116,34 +115,15 @@ def main() -> None:
     sink, endpoint, folder = observe.start_sink()
     raw = Path(tempfile.mkdtemp(prefix="profile-")) / "raw.txt"
     try:
+        # --nonblocking: sampling never pauses it, its CPU is its own
+        spy = [args.py_spy, "record", "--nonblocking", "--rate", str(args.rate)]
+        observed = observe.mode_command(args.mode, args.count, args.burst, endpoint)
         out = subprocess.run(
-            [
-                args.py_spy,
-                "record",
-                "--nonblocking",  # sampling never pauses it: its CPU is its own
-                "--rate",
-                str(args.rate),
-                "--format",
-                "raw",
-                "--output",
-                str(raw),
-                "--",
-                sys.executable,
-                "-m",
-                "bench.observe",
-                "--mode",
-                args.mode,
-                "--count",
-                str(args.count),
-                "--burst",
-                str(args.burst),
-                "--endpoint",
-                endpoint,
-            ],
+            [*spy, "--format", "raw", "--output", str(raw), "--", *observed],
             check=True,
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env=observe.mode_env(),
         )
     finally:
         sink.terminate()
@@ -170,6 +150,7 @@ def main() -> None:
             share = parts[name] / total
             print(f"{share * per_delivery:12.1f} {share:6.0%}  {name}")
     print(f"(child, the export process: {result['us_child']:.1f} ms per 1,000 deliveries)")
+    print(f"py-spy's samples (flamegraph.pl reads them): {raw}")
 
 
 if __name__ == "__main__":
