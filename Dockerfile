@@ -1,5 +1,5 @@
-# syntax=docker/dockerfile:1
-# expiry-service: one image for every command (migrate, declare, produce, consume, demo).
+# expiry-service: one image for every command (migrate, declare, produce, consume,
+# relay, retention, console, deadletters, status, verify, demo).
 #   docker build -t expiry-service \
 #     --build-arg VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])') \
 #     --build-arg REVISION=$(git rev-parse HEAD) .
@@ -9,6 +9,11 @@
 # from the lock (requirements/*.txt, exported from uv.lock) with its hash.
 # python:3.11-slim-bookworm, the multi-platform index (linux/amd64, linux/arm64);
 # update it with: docker buildx imagetools inspect python:3.11-slim-bookworm
+# A release is built on this base. Where it can't be pulled (no registry), another
+# base with python3.11, venv and useradd may be given as --build-arg PYTHON_IMAGE=...
+# (CI builds on one made from Debian's packages: docs/deployment.md, "The image").
+# No "# syntax=" line: the builder's own Dockerfile frontend (BuildKit) handles
+# RUN --mount, and none has to be pulled.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:b18992999dbe963a45a8a4da40ac2b1975be1a776d939d098c647482bcad5cba
 
 # ---- build: a virtualenv with the dependencies, then the package ----------
@@ -21,9 +26,13 @@ ENV PATH=/opt/venv/bin:$PATH
 
 # Dependencies first, from the lock alone: this layer is rebuilt only when the
 # lock changes, not on every source edit. Wheels only, each checked against its
-# hash; pip's cache survives between builds (BuildKit cache mount).
+# hash; pip's cache survives between builds (BuildKit cache mount). Behind a
+# TLS-intercepting proxy, give its CA as the build secret "ca" and
+# --build-arg PIP_CERT=/run/secrets/ca: mounted for this step only, never in a layer.
 COPY requirements/runtime.txt requirements/build.txt ./requirements/
+ARG PIP_CERT
 RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,required=false \
     pip install --require-hashes --only-binary=:all: \
         -r requirements/runtime.txt -r requirements/build.txt
 
@@ -35,6 +44,7 @@ RUN pip install --no-deps --no-build-isolation --no-cache-dir . \
 
 # ---- runtime: the virtualenv only; no compilers, no pip caches ------------
 FROM ${PYTHON_IMAGE} AS runtime
+ARG PYTHON_IMAGE
 ARG VERSION=0.0.0+unknown
 ARG REVISION=unknown
 ARG SOURCE=""
@@ -43,7 +53,7 @@ LABEL org.opencontainers.image.title="expiry-service" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

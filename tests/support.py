@@ -71,6 +71,13 @@ def without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def as_role(url: str, role: str) -> str:
+    """``url`` logging in as ``role`` (no password: a trusting server, or a .pgpass)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
 def _docker_available() -> bool:
     if shutil.which("docker") is None:
         return False

@@ -22,7 +22,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -41,6 +40,7 @@ from service.core.recorded_policy import Policy, policy_in_force
 from service.ops import housekeeping
 from service.settings import Settings
 from tests import support
+from tests.support import as_role
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -52,13 +52,6 @@ RUNTIME_ROLES = (CONSUMER, SCAN, OPERATOR)
 ROLES_MIGRATION = "0005_roles"
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def as_role(url: str, role: str) -> str:
-    """``url`` logging in as ``role`` (no password: a trusting server, or a .pgpass)."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
 
 
 def role_settings(stack: support.Stack, role: str, **overrides: object) -> Settings:
