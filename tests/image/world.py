@@ -4,10 +4,16 @@ deployment gives them (a role and a user of its own), and the checks of the outc
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tests.image.containers import Containers
-from tests.support import as_role, pg_connection, transitions_per_reservation
+from tests.support import (
+    as_role,
+    eventually,
+    free_port,
+    pg_connection,
+    transitions_per_reservation,
+)
 
 # What the image tests did, printed at the end of the session (conftest.py).
 FIGURES: list[str] = []
@@ -16,6 +22,12 @@ FIGURES: list[str] = []
 CONSUMER_ROLE = "expiry_consumer"
 SCAN_ROLE = "expiry_scan"
 OPERATOR_ROLE = "expiry_operator"
+
+# compose.yaml's stop_grace_period for a consumer: EXPIRY_SHUTDOWN_TIMEOUT_SECONDS (30) + 10.
+CONSUMER_GRACE = 40
+SCANNER_GRACE = 20
+# How often the image's HEALTHCHECK runs here (its own interval, 30 s, is for production).
+HEALTH_INTERVAL = "1s"
 
 # Every container's settings, besides its URLs (as compose and the manifests set them).
 COMMON = {
@@ -47,6 +59,35 @@ class World:
             **extra,
         }
 
+    def of(self, containers: Containers) -> World:
+        """The same database and vhost, with the containers of another image."""
+        return replace(self, containers=containers)
+
+    async def run_step(self, module: str, *args: str, role: str | None = None) -> float:
+        """Run a one-off command in a container; it must exit 0. Its seconds."""
+        done = await self.containers.run(module, python_m(module, *args), self.env(role))
+        assert done.exit_code == 0, f"{module} exited {done.exit_code}: {done.output[-3000:]}"
+        return done.seconds
+
+    async def start_serving(self, name: str, command: list[str], role: str, **extra: str) -> str:
+        """A long-running command with its HTTP endpoint (so that the image's health check
+        asks /readyz too), once healthy; its container's name."""
+        env = self.env(role, EXPIRY_HTTP_HOST="127.0.0.1", EXPIRY_HTTP_PORT=str(free_port()))
+        env.update(extra)
+        started = await self.containers.start(
+            name, command, env, "--health-interval", HEALTH_INTERVAL
+        )
+        await self.containers.wait_healthy(started)
+        return started
+
+    async def wait_expired(self, count: int, timeout: float = 120) -> None:
+        """Wait until ``count`` holds in all are expired."""
+
+        async def reached() -> bool:
+            return await self.expired() >= count
+
+        await eventually(reached, timeout=timeout, every=0.05)
+
     async def expired(self) -> int:
         """Holds expired so far."""
         async with pg_connection(self.database_url) as conn:
@@ -70,3 +111,32 @@ class World:
         twice = sum(1 for count in counts if count > 1)
         assert twice == 0, f"{twice} holds have more than one transition"
         assert min(counts) == 1
+
+
+def python_m(module: str, *args: str) -> list[str]:
+    """The container command ``python -m service.<module> args``."""
+    return ["python", "-m", f"service.{module}", *args]
+
+
+async def insert_holds_due_over(url: str, count: int, seconds: float) -> list[uuid.UUID]:
+    """``count`` holds whose deadlines fall evenly over the next ``seconds``."""
+    async with pg_connection(url) as conn:
+        rows = await conn.fetch(
+            """
+            INSERT INTO reservations (id, hold_until)
+            SELECT gen_random_uuid(), now() + make_interval(secs => n * $2::float8 / $1)
+              FROM generate_series(1, $1) AS n
+            RETURNING id
+            """,
+            count,
+            seconds,
+        )
+    return [row["id"] for row in rows]
+
+
+async def stop_ok(containers: Containers, name: str, grace: float) -> float:
+    """``docker stop``: the process must exit 0 within ``grace``; the seconds it took."""
+    finished = await containers.stop(name, grace)
+    assert finished.exit_code == 0, f"{name} exited {finished.exit_code}: {finished.output}"
+    assert finished.seconds < grace, f"{name} took {finished.seconds:.1f} s of {grace} s"
+    return finished.seconds
