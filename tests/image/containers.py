@@ -170,6 +170,14 @@ class Containers:
         state = (await self.inspect(name))["State"]
         return Finished(int(state["ExitCode"]), await self.logs(name), seconds)
 
+    async def wait_for_output(self, name: str, text: str, timeout: float = 60) -> None:
+        """Wait until the container has written ``text``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while text not in await self.logs(name):
+                    await asyncio.sleep(0.3)
+        assert text in (output := await self.logs(name)), f"{name} never wrote {text!r}: {output}"
+
     async def logs(self, name: str) -> str:
         """What the container wrote (its last 200 lines)."""
         _, output = await docker("logs", "--tail", "200", name)
