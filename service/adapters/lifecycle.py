@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractRobustConnection
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from service.adapters import amqp, postgres, telemetry
+from service.adapters import amqp, pid1, postgres, telemetry
 from service.settings import Settings
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -65,7 +65,8 @@ def broker(
 def stop_on_signals(
     stop: asyncio.Event, *, also: Callable[[], None] | None = None
 ) -> Iterator[asyncio.Event]:
-    """SIGTERM and SIGINT set ``stop`` (and call ``also``) until the block ends."""
+    """SIGTERM and SIGINT set ``stop`` (and call ``also``) until the block ends; so does a
+    SIGTERM that reached the process as PID 1 before (``service/pid1.py``)."""
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
@@ -75,6 +76,8 @@ def stop_on_signals(
 
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_signal)
+    if pid1.stop_requested():
+        on_signal()
     try:
         yield stop
     finally:

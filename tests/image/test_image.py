@@ -155,3 +155,21 @@ async def test_the_console_answers_in_its_container(world: World) -> None:
         assert overview.status_code == 200
     seconds = await stop_ok(world.containers, name, 10)
     FIGURES.append(f"console: /login 200, signed in, / 200; docker stop: exit 0 in {seconds:.1f} s")
+
+
+async def test_a_container_stopped_as_it_starts_exits_0_at_once(world: World) -> None:
+    """``docker stop`` in a consumer's and a scanner's first moments (the process is the
+    container's PID 1, before it listens for SIGTERM) ends each with exit 0 in seconds,
+    not with SIGKILL at the end of its grace."""
+    await world.run_step("migrate")
+    await world.run_step("declare")
+    figures = []
+    for name, command, role, grace in (
+        ("consumer", python_m("consume"), CONSUMER_ROLE, CONSUMER_GRACE),
+        ("scanner", python_m("produce", "--every", "1"), SCAN_ROLE, SCANNER_GRACE),
+    ):
+        started = await world.containers.start(name, command, world.env(role))
+        seconds = await stop_ok(world.containers, started, grace)
+        assert seconds < 10, f"the {name} took {seconds:.1f} s to stop"
+        figures.append(f"{name} exit 0 in {seconds:.1f} s")
+    FIGURES.append("docker stop right after docker run: " + ", ".join(figures))
