@@ -23,8 +23,9 @@ CONSUMER_ROLE = "expiry_consumer"
 SCAN_ROLE = "expiry_scan"
 OPERATOR_ROLE = "expiry_operator"
 
-# compose.yaml's stop_grace_period for a consumer: EXPIRY_SHUTDOWN_TIMEOUT_SECONDS (30) + 10.
-CONSUMER_GRACE = 40
+# compose.yaml's stop_grace_period for a consumer, as deploy/kubernetes derives it:
+# EXPIRY_SHUTDOWN_TIMEOUT_SECONDS (30) + the span export's flush (15) + 5.
+CONSUMER_GRACE = 50
 SCANNER_GRACE = 20
 # How often the image's HEALTHCHECK runs here (its own interval, 30 s, is for production).
 HEALTH_INTERVAL = "1s"

@@ -1,0 +1,137 @@
+"""Rendering every combination the tree ships, with ``kubectl kustomize``.
+
+Each profile (overlays/small, overlays/large) is rendered as shipped, and again with each
+other choice of its Components (autoscaler x scan mode x monitoring on or off): those
+variants are the profile's kustomization.yaml with its ``components`` list replaced,
+written to .cache/v-RUN-NAME, at the same depth, so its relative paths hold. Then each profile's
+setup (migrate, declare) and the namespace.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import shutil
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ruamel.yaml import YAML
+
+from kcheck import tools
+from kcheck.manifests import HERE, Obj, Result, dump_stream, load_stream
+
+PROFILES = ("small", "large")
+AUTOSCALERS = ("autoscale-keda", "autoscale-cpu")
+SCANS = ("scan-cron", "scan-every")
+# The order every profile lists them in: the image last (see components/image).
+FIRST = ("settings", "network-policies")
+LAST = ("image",)
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """One rendered kustomization: its name, its directory and the YAML file it gave."""
+
+    name: str
+    directory: Path
+    file: Path
+
+
+def components_for(autoscaler: str, scan: str, monitoring: bool) -> list[str]:
+    """The components of one combination, in the order the profiles use."""
+    chosen = [*FIRST, autoscaler, scan]
+    if monitoring:
+        chosen.append("monitoring")
+        if scan == "scan-cron":
+            chosen.append("monitoring-scan-cron")
+    return [*chosen, *LAST]
+
+
+def shipped_components(profile: str) -> list[str]:
+    """The component names a profile's kustomization.yaml lists, in order."""
+    data = YAML(typ="safe").load(HERE / "overlays" / profile / "kustomization.yaml")
+    return [Path(entry).name for entry in data.get("components", [])]
+
+
+def variant_directory(profile: str, components: list[str], workdir: Path) -> Path:
+    """A kustomization: the profile's, with these components (the shipped one itself when
+    they are the profile's own)."""
+    if components == shipped_components(profile):
+        return HERE / "overlays" / profile
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    source = HERE / "overlays" / profile / "kustomization.yaml"
+    data = yaml.load(source)
+    data["components"] = [f"../../components/{name}" for name in components]
+    tag = "-".join(name.removeprefix("autoscale-") for name in components if name not in FIRST)
+    # .cache/v-RUN-NAME: two levels below deploy/kubernetes, as overlays/<profile> is.
+    directory = tools.CACHE / f"v-{workdir.name}-{profile}-{tag}"
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "kustomization.yaml").open("w", encoding="utf-8") as out:
+        yaml.dump(data, out)
+    return directory
+
+
+def targets(workdir: Path) -> list[tuple[str, Path]]:
+    """(name, kustomization directory) of every rendering: each profile in every
+    combination, each profile's setup, the namespace."""
+    found: list[tuple[str, Path]] = []
+    for profile in PROFILES:
+        shipped = shipped_components(profile)
+        for autoscaler, scan, monitoring in itertools.product(AUTOSCALERS, SCANS, (True, False)):
+            components = components_for(autoscaler, scan, monitoring)
+            directory = variant_directory(profile, components, workdir)
+            mark = " (shipped)" if components == shipped else ""
+            name = f"{profile}: {autoscaler}, {scan}, monitoring {'on' if monitoring else 'off'}"
+            found.append((name + mark, directory))
+        found.append((f"{profile}/setup", HERE / "overlays" / profile / "setup"))
+    found.append(("namespace", HERE / "namespace"))
+    return found
+
+
+def kustomize(directory: Path) -> str:
+    """``kubectl kustomize DIR``: the rendered YAML (raises with kustomize's message)."""
+    done = subprocess.run(
+        [tools.kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        where = directory.resolve()
+        shown = where.relative_to(HERE) if where.is_relative_to(HERE) else where
+        raise RuntimeError(f"{shown}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def render_all(out: Path) -> tuple[list[Rendering], Result]:
+    """Render every target into ``out`` (one file each); the result counts the kinds."""
+    result = Result("render")
+    workdir = tools.workdir()
+    out.mkdir(parents=True, exist_ok=True)
+    renderings = []
+    found = targets(workdir)
+    for directory in {d for _, d in found if d.name.startswith("v-")}:
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    for index, (name, directory) in enumerate(found):
+        try:
+            text = kustomize(directory)
+        except RuntimeError as exc:
+            result.problems.append(f"{name}: kubectl kustomize failed: {exc}")
+            continue
+        file = out / f"{index:02d}-{directory.name}.yaml"
+        file.write_text(text, encoding="utf-8")
+        renderings.append(Rendering(name, directory, file))
+        kinds = Counter(str(obj.get("kind")) for obj in load_stream(file))
+        counted = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
+        result.figures.append(f"{name}: {sum(kinds.values())} objects ({counted})")
+    return renderings, result
+
+
+def write_objects(objects: list[Obj], path: Path) -> Path:
+    """Write objects as one YAML stream."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_stream(objects), encoding="utf-8")
+    return path
