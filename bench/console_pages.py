@@ -24,7 +24,7 @@ import httpx
 
 from bench.config import REPO, endpoints_from
 from bench.sandbox import new_name
-from service.adapters.sandbox import database_created
+from service.adapters.postgres.databases import database_created
 from service.console.auth import hash_password
 
 PASSWORD = "bench-console-password"

@@ -37,8 +37,8 @@ from service.adapters import amqp
 from service.adapters.amqp.declaring import declare_topology, topology_for
 from service.adapters.amqp.management import Management, ManagementUnavailable, url_beside
 from service.adapters.amqp.messages import command_for
-from service.adapters.metrics import Metrics
-from service.adapters.sandbox import amqp_user, vhost_created, with_vhost
+from service.adapters.amqp.vhosts import amqp_user, vhost_created, with_vhost
+from service.adapters.telemetry.metrics import Metrics
 from service.cli import positive
 from service.core.redaction import redact
 from service.core.topology import (

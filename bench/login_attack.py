@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench.config import REPO, endpoints_from
-from service.adapters.sandbox import database_created
+from service.adapters.postgres.databases import database_created
 from service.console.auth import hash_password
 from service.core.login_throttle import Attempt, Policy, Trial, decide
 from service.settings import Settings

@@ -117,9 +117,8 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY
 
-    from service.adapters import propagation
-    from service.adapters.metrics import Metrics
-    from service.adapters.telemetry import ConsumerTracing
+    from service.adapters.telemetry import ConsumerTracing, propagation
+    from service.adapters.telemetry.metrics import Metrics
     from service.settings import Settings
     from service.worker.acks import AckAlone
     from service.worker.batcher import Batcher
@@ -150,7 +149,7 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
         provider = TracerProvider(sampler=sampling.ParentBased(sampling.ALWAYS_ON))
         from opentelemetry.sdk.resources import Resource
 
-        from service.adapters.span_export import ProcessSpanProcessor
+        from service.adapters.telemetry.span_export import ProcessSpanProcessor
 
         if mode.endswith("noexport"):
             provider.add_span_processor(BatchSpanProcessor(Dropping()))

@@ -18,7 +18,7 @@ import uuid
 
 import asyncpg
 
-from service.adapters import sandbox
+from service.adapters.postgres.databases import create_database, drop_database
 from service.adapters.postgres.schema import migrate
 from service.settings import Settings
 
@@ -41,7 +41,7 @@ SELECT id, 'held', 'expired', hold_until + interval '20 milliseconds',
 
 async def measure(admin_url: str, transitions: int, days: int) -> None:
     name = f"bench_move_{uuid.uuid4().hex[:8]}"
-    url = await sandbox.create_database(admin_url, name)
+    url = await create_database(admin_url, name)
     try:
         await migrate(Settings(database_url=url), until=BEFORE)
         conn = await asyncpg.connect(url)
@@ -74,7 +74,7 @@ async def measure(admin_url: str, transitions: int, days: int) -> None:
         )
         assert kept == transitions, "rows lost"
     finally:
-        await sandbox.drop_database(admin_url, name)
+        await drop_database(admin_url, name)
 
 
 def main() -> None:

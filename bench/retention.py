@@ -45,9 +45,9 @@ from bench.config import endpoints_from
 from bench.db import Connection
 from bench.sandbox import new_name
 from service.adapters import postgres
+from service.adapters.postgres.databases import database_created
 from service.adapters.postgres.partitions import TABLES
 from service.adapters.postgres.schema import migrate
-from service.adapters.sandbox import database_created
 from service.cli import positive
 from service.core.weeks import AUDIT_TABLES, WEEK, week_of
 from service.ops import housekeeping

@@ -1,4 +1,4 @@
-"""The benchmark's own database and vhost (``service/adapters/sandbox.py``): a fresh name,
+"""The benchmark's own database and vhost (``service/demo/workspace.py``): a fresh name,
 created at the start, removed at the end whatever happened."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from bench.config import Endpoints
 from service.adapters.amqp.management import Management
-from service.adapters.sandbox import Sandbox, sandbox_created
+from service.demo.workspace import Sandbox, sandbox_created
 
 __all__ = ["Sandbox", "created", "new_name"]
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from service import pid1
 from service.adapters.amqp import internals
 from service.adapters.classify import schema_missing
 from service.adapters.telemetry import setup_logging
@@ -21,6 +24,7 @@ from service.core.errors import ConfigError, UsageError
 from service.core.redaction import redact
 from service.settings import Settings, load_settings
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 EXIT_NOT_MIGRATED = 5  # a table or column is missing: run the migrations
@@ -43,6 +47,30 @@ def cause_chain(exc: BaseException) -> list[str]:
         )
         current = current.__cause__ or current.__context__
     return lines
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    stop: asyncio.Event, *, also: Callable[[], None] | None = None
+) -> Iterator[asyncio.Event]:
+    """SIGTERM and SIGINT set ``stop`` (and call ``also``) until the block ends; so does a
+    SIGTERM that reached the process as PID 1 before (``service/pid1.py``)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        if also is not None:
+            also()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal)
+    if pid1.stop_requested():
+        on_signal()
+    try:
+        yield stop
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def positive(kind: Callable[[str], Number], what: str = "a number") -> Callable[[str], Number]:

@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import logging
 
-from service.adapters import lifecycle, telemetry
-from service.adapters.metrics import Metrics
+from service.adapters import postgres, telemetry
 from service.adapters.postgres.schema import require_current_schema
-from service.cli import run_command
+from service.adapters.telemetry.metrics import Metrics
+from service.cli import run_command, stop_on_signals
 from service.settings import Settings
 from service.worker.process import BACKLOG_REFRESH_SECONDS, run
 
@@ -22,11 +22,11 @@ log = logging.getLogger("service.consume")
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:
-    async with lifecycle.database(settings, name="expiry-consume") as conn:
+    async with postgres.connected(settings, name="expiry-consume") as conn:
         await require_current_schema(conn)  # else every delivery would fail, then die
     with (
-        lifecycle.stop_on_signals(asyncio.Event()) as stop,
-        lifecycle.telemetry_for(settings, "consume", metrics=True, long_lived=True) as installed,
+        stop_on_signals(asyncio.Event()) as stop,
+        telemetry.telemetry_for(settings, "consume", metrics=True, long_lived=True) as installed,
     ):
         backlog_every = BACKLOG_REFRESH_SECONDS if installed.meters is not None else None
         metrics = Metrics(prometheus=telemetry.prometheus_registry(settings))

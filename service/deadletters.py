@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Any
 
-from service.adapters import lifecycle, postgres
+from service.adapters import amqp, postgres
 from service.adapters.amqp.connection import UNREACHABLE
 from service.cli import common_options, run_command
 from service.core.errors import UsageError
@@ -47,7 +47,7 @@ async def list_command(settings: Settings, args: argparse.Namespace) -> int:
         newer_than=args.newer_than,
         limit=args.limit,
     )
-    async with lifecycle.database(settings, name=NAME) as conn:
+    async with postgres.connected(settings, name=NAME) as conn:
         records = await dead_letters.list_records(conn, filters)
     if args.json:
         print(json.dumps([dead_letters.jsonable(r) for r in records], indent=2))
@@ -58,7 +58,7 @@ async def list_command(settings: Settings, args: argparse.Namespace) -> int:
 
 async def show_command(settings: Settings, args: argparse.Namespace) -> int:
     """``show``: everything known about one dead letter; 1 if there is none."""
-    async with lifecycle.database(settings, name=NAME) as conn:
+    async with postgres.connected(settings, name=NAME) as conn:
         detail = await dead_letters.read_detail(conn, args.id, settings)
     if detail is None:
         print(dead_letters.not_found(args.id))
@@ -81,7 +81,7 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     """``replay``: the dry run, then (confirmed for a group) the replay of exactly what it
     listed; the dead letters left out, and the group's newcomers, are named."""
     actor = dead_letters.actor_named(args.operator)
-    async with lifecycle.database(settings, name=NAME) as conn:
+    async with postgres.connected(settings, name=NAME) as conn:
         planned, rows = await plans.plan(conn, "replay", selection_of(args), args.limit)
         shown = replay.dry_run(rows, await dead_letters.expectations(conn, rows, settings))
         lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
@@ -97,7 +97,7 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
             await dead_letters.refuse(conn, actor, rows, why)
         confirmed = await plans.confirm(conn, planned)
         expectations = await dead_letters.expectations(conn, confirmed.rows, settings)
-        async with lifecycle.broker(settings, name=f"{NAME} {actor.operator}") as connection:
+        async with amqp.connected(settings, name=f"{NAME} {actor.operator}") as connection:
             results = await replay.replay(
                 settings, conn, connection, confirmed.rows, actor, expectations
             )
@@ -111,7 +111,7 @@ async def act_command(settings: Settings, args: argparse.Namespace) -> int:
     """``assign``, ``note``, ``close``, ``reopen``: named dead letters, or a group (its
     list shown and confirmed first); each act audited."""
     actor = dead_letters.actor_named(args.operator)
-    async with lifecycle.database(settings, name=NAME) as conn:
+    async with postgres.connected(settings, name=NAME) as conn:
         planned, rows = await plans.plan(conn, args.action, selection_of(args), args.limit)
         lines = plans.plan_lines(planned, rows)
         if not planned.items:
@@ -139,7 +139,7 @@ async def _remove_closed(
     if not keys:
         return ""
     try:
-        async with lifecycle.broker(settings, name=NAME) as connection:
+        async with amqp.connected(settings, name=NAME) as connection:
             return await dead_queue.remove_copies(settings, conn, connection, keys)
     except UNREACHABLE:
         return await dead_queue.remove_copies(settings, conn, None, keys)
@@ -151,8 +151,8 @@ async def tidy_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.dry_run and (why := dead_letters.refusal(settings, actor, "tidy")) is not None:
         raise UsageError(why)
     async with (
-        lifecycle.database(settings, name=NAME) as conn,
-        lifecycle.broker(settings, name=f"{NAME} {actor.operator}") as connection,
+        postgres.connected(settings, name=NAME) as conn,
+        amqp.connected(settings, name=f"{NAME} {actor.operator}") as connection,
     ):
         done = await dead_queue.tidy(settings, conn, connection, dry_run=args.dry_run)
     print(done.line(dry_run=args.dry_run))

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import time
 
-from service.adapters import lifecycle
-from service.cli import positive_seconds, run_command
+from service.adapters import telemetry
+from service.cli import positive_seconds, run_command, stop_on_signals
 from service.scan import ScanResult, ScanStopped, scan_once
 from service.scan.every import Scanner, endpoint, report, scan_every
 from service.settings import Settings
@@ -42,7 +42,7 @@ async def _scan_and_report(settings: Settings, *, stop: asyncio.Event) -> None:
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     # --every serves /metrics (EXPIRY_HTTP_PORT); a one-shot --scan has nobody to serve.
-    with lifecycle.telemetry_for(settings, "produce", metrics=args.every is not None):
+    with telemetry.telemetry_for(settings, "produce", metrics=args.every is not None):
         await _run_until_stopped(settings, args.every)
     return 0
 
@@ -59,7 +59,7 @@ async def _run_until_stopped(settings: Settings, every: float | None) -> None:
 
     try:
         async with deadline:
-            with lifecycle.stop_on_signals(stop, also=give_them_bound_seconds):
+            with stop_on_signals(stop, also=give_them_bound_seconds):
                 if every is None:
                     await _scan_and_report(settings, stop=stop)
                 else:

@@ -7,9 +7,9 @@ import argparse
 import asyncio
 import contextlib
 
-from service.adapters import lifecycle
+from service.adapters import postgres
 from service.adapters.postgres.schema import require_current_schema
-from service.cli import positive_seconds, report_failure, run_command
+from service.cli import positive_seconds, report_failure, run_command, stop_on_signals
 from service.core.errors import UsageError
 from service.ops import housekeeping
 from service.settings import Settings
@@ -18,7 +18,7 @@ PROG = "python -m service.retention"
 
 
 async def _once(settings: Settings) -> None:
-    async with lifecycle.database(settings, name="expiry-retention") as conn:
+    async with postgres.connected(settings, name="expiry-retention") as conn:
         await require_current_schema(conn)
         report = await housekeeping.run(conn, settings)
     pruned = sum(report.pruned.values())
@@ -35,7 +35,7 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         await _once(settings)
         return 0
     failed = False
-    with lifecycle.stop_on_signals(asyncio.Event()) as stop:
+    with stop_on_signals(asyncio.Event()) as stop:
         while not stop.is_set():
             try:
                 await _once(settings)

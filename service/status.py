@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from service.adapters import lifecycle
+from service.adapters import amqp, postgres
 from service.cli import run_command
 from service.core.redaction import redact
 from service.ops import health as ops
@@ -29,8 +29,8 @@ async def read_status(settings: Settings) -> ops.Status:
     answers); either one unreachable is part of the status."""
     return await ops.read_status(
         settings,
-        lifecycle.database(settings, name=NAME),
-        lifecycle.broker(settings, name=NAME),
+        postgres.connected(settings, name=NAME),
+        amqp.connected(settings, name=NAME),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from service.adapters import lifecycle
+from service.adapters import postgres
 from service.adapters.postgres.schema import schema_state
 from service.cli import run_command
 from service.ops.health import MIGRATE_COMMAND
@@ -21,7 +21,7 @@ from service.settings import Settings
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    async with lifecycle.database(settings, name="expiry-verify") as conn:
+    async with postgres.connected(settings, name="expiry-verify") as conn:
         schema = await schema_state(conn)
         if not schema.current:
             return _not_migrated(schema.describe(), list(schema.missing), args)

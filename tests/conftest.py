@@ -1,6 +1,6 @@
 """Root fixtures: a clean environment, and a private database and vhost per test.
 
-The private database and vhost are a sandbox (``service/adapters/sandbox.py``,
+The private database and vhost are a sandbox (``service/demo/workspace.py``,
 as the demo and the benchmark use): the database is a copy of a migrated
 template. ``stack``'s vhost holds the service's topology, declared as the
 deploy does (``service.declare``), since the running processes only check it;
@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from service.adapters import sandbox
 from service.adapters.amqp import internals
+from service.adapters.postgres.databases import create_database, drop_database
 from service.adapters.postgres.schema import migrate
 from service.declare import declare
+from service.demo.workspace import sandbox_created
 from tests.support import (
     RUN_ID,
     Endpoints,
@@ -69,10 +70,10 @@ def endpoints() -> Iterator[Endpoints]:
 def template_database(endpoints: Endpoints) -> Iterator[str]:
     """A migrated database that each test's database is cloned from."""
     name = f"expiry_tmpl_{RUN_ID}"
-    url = asyncio.run(sandbox.create_database(endpoints.database_url, name))
+    url = asyncio.run(create_database(endpoints.database_url, name))
     asyncio.run(migrate(stack_settings(url, endpoints.amqp_url)))
     yield name
-    asyncio.run(sandbox.drop_database(endpoints.database_url, name))
+    asyncio.run(drop_database(endpoints.database_url, name))
 
 
 @contextlib.asynccontextmanager
@@ -80,7 +81,7 @@ async def _private_stack(endpoints: Endpoints, template_database: str) -> AsyncI
     """A private, migrated database and an empty private vhost; removed afterwards."""
     number = next(_counter)
     management = Management(endpoints.management_url)
-    async with sandbox.sandbox_created(
+    async with sandbox_created(
         endpoints.database_url,
         (endpoints.amqp_url,),
         management,

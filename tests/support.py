@@ -5,7 +5,7 @@ when set, else from the contract's local defaults when those answer, else from
 testcontainers where a Docker engine runs. Otherwise the tests that need them
 skip with a reason, except under ``CI=true``, where a missing service fails.
 The management API client and the URL helpers are the service's own
-(``service/adapters/amqp/management.py``, ``service/adapters/sandbox.py``).
+(``service/adapters/amqp/management.py``, ``service/demo/workspace.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pytest
 from service.adapters.amqp.management import Management as Management
 from service.adapters.amqp.management import url_beside
 from service.adapters.amqp.queues import QueueCounts, queue_counts
-from service.adapters.sandbox import with_vhost as with_vhost
+from service.adapters.amqp.vhosts import with_vhost as with_vhost
 from service.core.dsn import with_database as with_database
 from service.settings import Settings
 

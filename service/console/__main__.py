@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from service.adapters import lifecycle
+from service.adapters import postgres
 from service.adapters.postgres import console as store
-from service.cli import run_command
+from service.cli import run_command, stop_on_signals
 from service.console import auth, protocol
 from service.console.app import create_app
 from service.core.durations import human
@@ -59,7 +59,7 @@ async def serve(settings: Settings, args: argparse.Namespace) -> int:
         extra={"host": settings.console_host, "port": settings.console_port},
     )
     server = ConsoleServer(config)
-    with lifecycle.stop_on_signals(asyncio.Event(), also=server.stop):
+    with stop_on_signals(asyncio.Event(), also=server.stop):
         await server.serve()
     log.info("console.stopped")
     return 0
@@ -94,7 +94,7 @@ def hash_password() -> int:
 
 async def list_sessions(settings: Settings, *, as_json: bool) -> int:
     """Print the open sessions (never their tokens), one line each, or as JSON."""
-    async with lifecycle.database(settings, name="expiry-console sessions") as conn:
+    async with postgres.connected(settings, name="expiry-console sessions") as conn:
         rows = await store.open_sessions(
             conn, settings.console_session_idle_seconds, settings.console_session_max_seconds
         )
@@ -132,7 +132,7 @@ async def end_sessions(settings: Settings, args: argparse.Namespace) -> int:
     ids = [int(value) for value in args.id]
     if not args.operators and not ids:
         raise UsageError("name the operators whose sessions end, or --id N")
-    async with lifecycle.database(settings, name="expiry-console end-sessions") as conn:
+    async with postgres.connected(settings, name="expiry-console end-sessions") as conn:
         ended = await store.end_sessions(
             conn,
             list(args.operators),

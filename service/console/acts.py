@@ -15,7 +15,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.adapters import lifecycle, postgres
+from service.adapters import amqp, postgres
 from service.console import guard
 from service.console.web import (
     Console,
@@ -183,7 +183,7 @@ async def _replay(
     expectations: dict[int, str],
 ) -> list[replay.ReplayResult] | None:
     try:
-        async with lifecycle.broker(console.settings, name=f"expiry-console {actor.operator}") as c:
+        async with amqp.connected(console.settings, name=f"expiry-console {actor.operator}") as c:
             return await replay.replay(console.settings, conn, c, rows, actor, expectations)
     except (OSError, ConnectionError, TimeoutError):
         return None

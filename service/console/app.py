@@ -18,7 +18,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from service.adapters import classify, lifecycle
+from service.adapters import classify, postgres
 from service.console import acts, auth, guard, login, pages, sessions
 from service.console.web import HERE, Console, console_of, logged_in, page, refused
 from service.ops import dead_letters
@@ -113,7 +113,7 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        async with lifecycle.database_pool(settings, name="expiry-console", size=POOL_SIZE) as pool:
+        async with postgres.pooled(settings, name="expiry-console", size=POOL_SIZE) as pool:
             console.pool = pool
             try:
                 yield

@@ -4,7 +4,7 @@ Where PostgreSQL and RabbitMQ already run, the demo creates its own database
 (``CREATE DATABASE`` on the server of ``DATABASE_URL``) and its own vhost
 (through the management API: ``EXPIRY_MANAGEMENT_URL``, or
 ``RABBITMQ_MANAGEMENT_URL``, or beside ``AMQP_URL``), so it never touches
-anyone's data (``service/adapters/sandbox.py``). In them it runs the real
+anyone's data (``workspace.py``). In them it runs the real
 commands: ``service.migrate``, then declares the topology as
 ``service.declare`` does (the deploy's step), then several ``service.consume``
 and ``service.produce --every``. It places a few thousand holds due over the

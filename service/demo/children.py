@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.adapters.sandbox import Sandbox
+from service.demo.workspace import Sandbox
 from service.settings import process_environment
 
 STOP_TIMEOUT_SECONDS = 60.0

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.adapters import lifecycle, postgres
+from service.adapters import amqp, postgres
 from service.adapters.amqp.queues import QueueProbe
-from service.adapters.sandbox import Sandbox
+from service.cli import stop_on_signals
 from service.core.redaction import redact_url
 from service.declare import declare
 from service.demo.children import STOP_TIMEOUT_SECONDS, Child, Children, tail
@@ -23,7 +23,7 @@ from service.demo.plan import Plan, plan_from
 from service.demo.summary import Report, delivery_outcomes, final_state, summary
 from service.demo.support import Support, place_holds, support_side
 from service.demo.watch import Queues, watch
-from service.demo.workspace import amqp_url, database_url, own_settings, sandbox_for
+from service.demo.workspace import Sandbox, amqp_url, database_url, own_settings, sandbox_for
 from service.settings import Settings
 
 NAME = "expiry-demo"
@@ -39,7 +39,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
     """The whole run; 0 only if every check passed."""
     plan = plan_from(args)
     logs = Path(tempfile.mkdtemp(prefix=f"{plan.name}-logs-"))
-    with lifecycle.stop_on_signals(asyncio.Event()) as stop:
+    with stop_on_signals(asyncio.Event()) as stop:
         introduce(plan, settings, logs)
         async with sandbox_for(settings, plan) as sandbox:
             report = await Run(plan, settings, sandbox, logs, stop).report()
@@ -111,10 +111,10 @@ class Run:
         await children.run("migrate", "service.migrate")
         topology = await declare(own)
         async with contextlib.AsyncExitStack() as stack:
-            connection = await stack.enter_async_context(lifecycle.broker(own, name=NAME))
-            conn = await stack.enter_async_context(lifecycle.database(own, name=NAME))
+            connection = await stack.enter_async_context(amqp.connected(own, name=NAME))
+            conn = await stack.enter_async_context(postgres.connected(own, name=NAME))
             pool = await stack.enter_async_context(
-                lifecycle.database_pool(own, name=f"{NAME}-support", size=SUPPORT_POOL_SIZE)
+                postgres.pooled(own, name=f"{NAME}-support", size=SUPPORT_POOL_SIZE)
             )
             stack.push_async_callback(children.stop, children.running)  # first to run
             queues = Queues(QueueProbe(connection), topology)

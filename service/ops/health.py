@@ -25,11 +25,11 @@ from service.adapters import postgres
 from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
-from service.adapters.metrics import Backlog
 from service.adapters.postgres import ownership, partitions
 from service.adapters.postgres.leases import ScanPass, last_passes, newest_publish_age
 from service.adapters.postgres.partitions import Retained
 from service.adapters.postgres.schema import schema_state
+from service.adapters.telemetry.metrics import Backlog
 from service.core.durations import human
 from service.core.redaction import redact
 from service.core.topology import QUEUE, RETRY_EXCHANGE

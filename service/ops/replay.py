@@ -22,8 +22,9 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from service.adapters import amqp, postgres, propagation
+from service.adapters import amqp, postgres
 from service.adapters.amqp import messages
+from service.adapters.telemetry import propagation
 from service.core.dead_letter import REPLAY_OF_HEADER, REPLAYED_BY_HEADER
 from service.core.domain import command_body
 from service.core.errors import PublishNotConfirmed

@@ -17,9 +17,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from service.adapters.gauges import configure
-from service.adapters.http import HealthServer
-from service.adapters.metrics import ScanMetrics
+from service.adapters.http.server import HealthServer
+from service.adapters.telemetry.gauges import configure
+from service.adapters.telemetry.metrics import ScanMetrics
 from service.core.errors import PublishNotConfirmed, TopologyMismatch
 from service.scan.once import Links, ScanResult, ScanStopped, scan_once
 from service.settings import Settings

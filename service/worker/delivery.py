@@ -14,9 +14,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from service.adapters import propagation
 from service.adapters.amqp.consuming import AmqpMessage
-from service.adapters.telemetry import ConsumerTracing
+from service.adapters.telemetry import ConsumerTracing, propagation
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER, REPLAY_OF_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (

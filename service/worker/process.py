@@ -15,12 +15,12 @@ from functools import partial
 
 from aio_pika.abc import AbstractRobustConnection
 
-from service.adapters import amqp, lifecycle, postgres
+from service.adapters import amqp, postgres
 from service.adapters.amqp.consuming import QueueConsumer
 from service.adapters.amqp.declaring import check_topology
-from service.adapters.gauges import configure, refresh_gauges
-from service.adapters.http import HealthServer
-from service.adapters.metrics import Metrics
+from service.adapters.http.server import HealthServer
+from service.adapters.telemetry.gauges import configure, refresh_gauges
+from service.adapters.telemetry.metrics import Metrics
 from service.core.topology import DEAD_LOG_QUEUE, QUEUE
 from service.settings import Settings
 from service.worker.recorder import RECORDER_PREFETCH
@@ -46,10 +46,10 @@ async def run(
     """
     async with contextlib.AsyncExitStack() as opened:
         pool = await opened.enter_async_context(
-            lifecycle.database_pool(settings, name="expiry-consume", size=settings.db_pool_size)
+            postgres.pooled(settings, name="expiry-consume", size=settings.db_pool_size)
         )
         connection = await opened.enter_async_context(
-            lifecycle.broker(settings, name=f"expiry-consume {settings.worker_id}")
+            amqp.connected(settings, name=f"expiry-consume {settings.worker_id}")
         )
         metrics = metrics or Metrics()
         configure(metrics.gauges, settings)

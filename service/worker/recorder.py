@@ -25,7 +25,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from service.adapters import amqp, postgres
 from service.adapters.amqp.returns import give_back
 from service.adapters.classify import classify, refuses_values
-from service.adapters.metrics import Metrics
+from service.adapters.telemetry.metrics import Metrics
 from service.core.dead_letter import (
     DeadLetterRecord,
     build_record,

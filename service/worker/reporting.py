@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
-from service.adapters.metrics import Metrics
+from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import Expiry, Outcome
 from service.core.retry import DeadLetter, Retry
 from service.worker.delivery import Delivery, short_reason

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from aio_pika.abc import AbstractChannel
 
 from service.adapters import postgres
-from service.adapters.metrics import Metrics
 from service.adapters.telemetry import consumer_tracing
+from service.adapters.telemetry.metrics import Metrics
 from service.core.topology import DEAD_EXCHANGE, RETRY_EXCHANGE
 from service.settings import Settings
 from service.worker.acks import AckAlone, Acker, Acks

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from service.adapters.sandbox import drop_database
+from service.adapters.postgres.databases import drop_database
 from tests.acceptance.processes import endpoints_env, run
 from tests.support import Endpoints, Management, pg_connection
 

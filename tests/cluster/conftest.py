@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from service.adapters.sandbox import database_created
+from service.adapters.postgres.databases import database_created
 from tests.cluster.nodes import RabbitCluster, new_cluster
 from tests.cluster.observe import TRIGGER_SQL, create_vhost, execute
 from tests.cluster.report import RESULTS

@@ -20,7 +20,7 @@ from uuid import UUID
 import asyncpg
 
 from service.adapters.amqp.management import Management, ManagementUnavailable
-from service.adapters.sandbox import admin_sql
+from service.adapters.postgres.databases import admin_sql
 from tests.cluster.nodes import ClusterNode
 from tests.faults.checks import transition_trigger
 

@@ -30,7 +30,7 @@ import aiormq.exceptions
 import asyncpg
 
 from service.adapters.amqp.queues import queue_counts
-from service.adapters.sandbox import admin_sql
+from service.adapters.postgres.databases import admin_sql
 from tests.support import drain_queue
 
 if TYPE_CHECKING:

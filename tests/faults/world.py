@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.adapters.sandbox import sandbox_created
 from service.core.topology import build_topology
+from service.demo.workspace import sandbox_created
 from tests.faults.checks import install_transition_trigger
 from tests.faults.nodes import PgCluster
 from tests.faults.services import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.adapters import sandbox
+from service.demo.workspace import sandbox_created
 from tests.image.containers import Containers, containers_of, image_or_skip
 from tests.image.world import FIGURES, World
 from tests.support import RUN_ID, Endpoints, Management, without_credentials
@@ -33,7 +33,7 @@ async def containers(image: str, tmp_path: Path) -> AsyncIterator[Containers]:
 async def world(endpoints: Endpoints, containers: Containers) -> AsyncIterator[World]:
     """An empty database (nothing migrated) and an empty vhost (nothing declared)."""
     number = next(_counter)
-    async with sandbox.sandbox_created(
+    async with sandbox_created(
         endpoints.database_url,
         (endpoints.amqp_url,),
         Management(endpoints.management_url),

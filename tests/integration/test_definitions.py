@@ -27,7 +27,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from service import deadletters, scan
-from service.adapters import lifecycle
+from service.adapters import amqp
 from service.adapters.amqp import returns
 from service.adapters.amqp.management import Management, ManagementUnavailable
 from service.core import topology
@@ -308,7 +308,7 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
         )
         await support.eventually(lambda: _record_count_is(stack, 2))
     operator = shipped.settings_of(OPERATOR_USER, replay_operators=("alice",))
-    async with lifecycle.broker(operator, name="test-status") as connection:
+    async with amqp.connected(operator, name="test-status") as connection:
         queues = await ops_status.read_queues(connection, operator)
     assert [(q.name, q.ready) for q in queues if q.name == topology.DEAD_QUEUE] == [
         (topology.DEAD_QUEUE, 2)

@@ -23,7 +23,7 @@ from bench.jitter import TimedPublisher
 from service.adapters import amqp
 from service.adapters.amqp.declaring import check_topology, topology_for
 from service.adapters.amqp.messages import command_for
-from service.adapters.metrics import Metrics
+from service.adapters.telemetry.metrics import Metrics
 from service.core import topology
 from service.core.dead_letter import ATTEMPT_HEADER
 from service.declare import declare

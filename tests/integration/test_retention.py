@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.adapters import sandbox
 from service.adapters.postgres import partitions as store
+from service.adapters.postgres.databases import create_database, drop_database
 from service.adapters.postgres.schema import migrate
 from service.core.weeks import AUDIT_TABLES, WEEK, week_of
 from service.ops import housekeeping
@@ -296,7 +296,7 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
     ``migrate`` makes the tables partitioned, every row and id kept, new rows go on
     after the highest id, and retention drops the old rows once all of them are past it."""
     name = f"expiry_ret_{uuid.uuid4().hex[:8]}"
-    url = await sandbox.create_database(endpoints.database_url, name)
+    url = await create_database(endpoints.database_url, name)
     try:
         settings = support.stack_settings(url, endpoints.amqp_url)
         await migrate(settings, until="0012_console_sessions")
@@ -348,7 +348,7 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
             )
             assert now < legacy.high
     finally:
-        await sandbox.drop_database(endpoints.database_url, name)
+        await drop_database(endpoints.database_url, name)
 
 
 async def _audit(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, Any]:

@@ -29,8 +29,8 @@ import pytest
 
 from service import scan
 from service.adapters import postgres
-from service.adapters.metrics import Metrics
 from service.adapters.postgres.schema import Migration, load_migrations, migrate, schema_state
+from service.adapters.telemetry.metrics import Metrics
 from service.cli import cause_chain
 from service.core.dead_letter import DeadLetterRecord
 from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule, parse_owner_rules

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from service import scan
 from service.adapters import telemetry
-from service.adapters.metrics import Metrics
+from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import command_body
 from tests.recipes import consumer_cut_off, database_behind_proxy
 from tests.support import (

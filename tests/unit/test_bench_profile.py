@@ -26,7 +26,7 @@ def test_samples_are_split_by_part_and_only_the_loop_counts(tmp_path: Path) -> N
                 "Tracer.start_span (trace/__init__.py:1);Span.set_attribute (t.py:2) 7",
                 # a callback the loop ran: an ack ending a span, handed to the child
                 f"{LOOP};Consumer._end (c.py:1);Span.end (trace/__init__.py:9);"
-                "ProcessSpanProcessor.on_end (service/adapters/span_export.py:1) 5",
+                "ProcessSpanProcessor.on_end (service/adapters/telemetry/span_export.py:1) 5",
                 f"{LOOP};Consumer._ack (c.py:1) 11",
                 # set-up before the loop, an import, the flush after: not counted
                 f"{LOOP};{_run_at(before)};Consumer.__init__ (c.py:1) 100",

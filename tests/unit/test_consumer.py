@@ -22,9 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.adapters import propagation
-from service.adapters.metrics import Metrics
-from service.adapters.telemetry import ConsumerTracing
+from service.adapters.telemetry import ConsumerTracing, propagation
+from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import BatchRow, Expiry, Outcome, command_body
 from service.core.errors import PublishNotConfirmed, RowLocked
 from service.settings import Settings

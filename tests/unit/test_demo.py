@@ -9,12 +9,11 @@ from uuid import UUID
 import pytest
 
 from service.adapters.amqp.management import Management
-from service.adapters.sandbox import Sandbox
 from service.demo.children import Children
 from service.demo.plan import parser, plan_from
 from service.demo.summary import Final, Report, summary
 from service.demo.support import Support
-from service.demo.workspace import amqp_url, database_url, own_settings
+from service.demo.workspace import Sandbox, amqp_url, database_url, own_settings
 from service.settings import Settings
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from service.adapters.gauges import configure
-from service.adapters.metrics import Gauges
+from service.adapters.telemetry.gauges import configure
+from service.adapters.telemetry.metrics import Gauges
 from service.settings import Settings
 
 

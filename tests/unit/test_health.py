@@ -14,8 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from service.adapters import http
-from service.adapters.http import HealthServer, ReadinessCheck
+from service.adapters.http import server as http_server
+from service.adapters.http.server import (
+    MAX_CONNECTIONS,
+    READINESS_MAX_CHECKS,
+    HealthServer,
+    ReadinessCheck,
+)
 from service.healthcheck import Target, ready
 
 HOST = "127.0.0.1"
@@ -30,7 +35,7 @@ async def serving(
     readiness: ReadinessCheck = _all_ready,
     *,
     metrics: bool = False,
-    max_connections: int = http.MAX_CONNECTIONS,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> AsyncIterator[tuple[HealthServer, int]]:
     """A started server on a free localhost port, closed afterwards."""
     server = HealthServer(readiness, metrics=metrics, max_connections=max_connections)
@@ -302,7 +307,7 @@ async def test_concurrent_readiness_probes_share_one_check() -> None:
 
 async def test_a_probe_flood_starts_few_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Back-to-back probes start at most READINESS_MAX_CHECKS checks per window; the rest reuse."""
-    monkeypatch.setattr(http, "READINESS_WINDOW_SECONDS", 60.0)
+    monkeypatch.setattr(http_server, "READINESS_WINDOW_SECONDS", 60.0)
     calls = 0
 
     async def counted() -> dict[str, bool]:
@@ -313,7 +318,7 @@ async def test_a_probe_flood_starts_few_checks(monkeypatch: pytest.MonkeyPatch) 
     async with serving(counted) as (_server, port):
         answers = [await exchange(port, get("/readyz")) for _ in range(20)]
     assert [a.status for a in answers] == [200] * 20
-    assert calls == http.READINESS_MAX_CHECKS
+    assert calls == READINESS_MAX_CHECKS
 
 
 async def test_infrequent_probes_see_a_state_change_at_once() -> None:
@@ -351,7 +356,7 @@ async def test_a_failing_readiness_check_means_not_ready(
 
 async def test_a_hanging_readiness_check_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """A readiness check that does not answer within CHECK_TIMEOUT_SECONDS means 503."""
-    monkeypatch.setattr(http, "CHECK_TIMEOUT_SECONDS", 0.1)
+    monkeypatch.setattr(http_server, "CHECK_TIMEOUT_SECONDS", 0.1)
 
     async def hangs() -> dict[str, bool]:
         await asyncio.sleep(60)
@@ -393,7 +398,7 @@ async def test_a_silent_client_is_closed_within_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A client that sends nothing gets 408 and is closed once REQUEST_TIMEOUT_SECONDS pass."""
-    monkeypatch.setattr(http, "REQUEST_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(http_server, "REQUEST_TIMEOUT_SECONDS", 0.3)
     async with serving() as (server, port):
         loop = asyncio.get_running_loop()
         begun = loop.time()
@@ -414,7 +419,7 @@ async def test_a_trickling_client_is_closed_within_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A client sending its head a header at a time cannot stretch the deadline."""
-    monkeypatch.setattr(http, "REQUEST_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(http_server, "REQUEST_TIMEOUT_SECONDS", 0.3)
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -440,7 +445,7 @@ async def test_connections_over_the_cap_are_turned_away_at_once(
     loop_errors: list[dict[str, Any]],
 ) -> None:
     """Beyond the cap, connections get 503 at once; once the flood ends, /healthz answers 200."""
-    monkeypatch.setattr(http, "REQUEST_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(http_server, "REQUEST_TIMEOUT_SECONDS", 1.0)
     cap = 4
     async with serving(max_connections=cap) as (server, port):
         idle = [await asyncio.open_connection(HOST, port) for _ in range(cap)]

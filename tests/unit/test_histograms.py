@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
-from service.adapters.metrics import DURATION_BOUNDARIES, LAG_BOUNDARIES, Metrics
+from service.adapters.telemetry.metrics import DURATION_BOUNDARIES, LAG_BOUNDARIES, Metrics
 from service.core.domain import Outcome
 
 RESOURCE = Resource.create({"service.name": "expiry-service", "service.instance.id": "w1"})

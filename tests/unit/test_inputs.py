@@ -25,7 +25,7 @@ from opentelemetry.propagate import get_global_textmap
 from pamqp import encode
 
 from service.adapters.amqp import wire
-from service.adapters.propagation import SafePropagator
+from service.adapters.telemetry.propagation import SafePropagator
 from service.core import dead_letter, inputs
 from service.core.domain import ExpireCommand, parse_command
 from service.core.errors import PoisonMessage

@@ -7,7 +7,7 @@ import asyncio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from service.adapters.metrics import Metrics
+from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import Outcome
 
 

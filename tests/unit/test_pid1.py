@@ -1,5 +1,5 @@
 """A SIGTERM that reached the process as PID 1 before it listened is honoured once it
-listens (``service/adapters/pid1.py``); elsewhere nothing is installed."""
+listens (``service/pid1.py``); elsewhere nothing is installed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from service.adapters import lifecycle, pid1
+from service import pid1
+from service.cli import stop_on_signals
 
 
 async def test_a_remembered_sigterm_stops_the_command_as_soon_as_it_listens(
@@ -19,7 +20,7 @@ async def test_a_remembered_sigterm_stops_the_command_as_soon_as_it_listens(
     the command's own stop at once."""
     monkeypatch.setattr(pid1, "_requested", True)
     called: list[str] = []
-    with lifecycle.stop_on_signals(asyncio.Event(), also=lambda: called.append("also")) as stop:
+    with stop_on_signals(asyncio.Event(), also=lambda: called.append("also")) as stop:
         assert stop.is_set()
     assert called == ["also"]
 
@@ -27,7 +28,7 @@ async def test_a_remembered_sigterm_stops_the_command_as_soon_as_it_listens(
 async def test_without_one_the_command_listens_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a remembered SIGTERM the stop event waits for a signal."""
     monkeypatch.setattr(pid1, "_requested", False)
-    with lifecycle.stop_on_signals(asyncio.Event()) as stop:
+    with stop_on_signals(asyncio.Event()) as stop:
         assert not stop.is_set()
         os.kill(os.getpid(), signal.SIGTERM)
         async with asyncio.timeout(5):

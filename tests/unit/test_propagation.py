@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import TextMapPropagator
 
-from service.adapters import propagation
+from service.adapters.telemetry import propagation
 
 HEX = "0123456789abcdef"
 

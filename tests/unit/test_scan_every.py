@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from service.adapters.metrics import ScanMetrics
+from service.adapters.telemetry.metrics import ScanMetrics
 from service.scan import ScanResult
 from service.scan.every import FAILED, OK, STOPPED, ScanHealth, Scanner
 

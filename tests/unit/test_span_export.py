@@ -23,12 +23,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from service.adapters.span_export import (
+from service.adapters.telemetry.span_export import (
     ExportProcessUnavailable,
     ProcessSpanProcessor,
-    child_env,
     otlp_processor,
 )
+from service.adapters.telemetry.span_wire import child_env
 
 RESOURCE = Resource.create({"service.name": "expiry-service", "expiry.role": "test"})
 

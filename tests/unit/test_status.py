@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from service.adapters.metrics import Backlog
 from service.adapters.postgres.leases import ScanPass
+from service.adapters.telemetry.metrics import Backlog
 from service.ops.health import Condition, QueueState, Status
 from service.ops.screen import as_json, dead_letter_note, pass_rows, queue_rows, render
 

@@ -13,8 +13,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision
 
 from service.adapters import telemetry
-from service.adapters.telemetry import JsonFormatter, TextFormatter, redact
-from service.core.redaction import forget_secrets, register_url_secrets
+from service.adapters.telemetry.logs import JsonFormatter, TextFormatter
+from service.core.redaction import forget_secrets, redact, register_url_secrets
 from service.settings import load_settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -85,6 +85,16 @@ class ClusterConnection(aio_pika.RobustConnection):
 # StopAsyncIteration (from its frame reader) when the peer closed before sending a
 # frame, as a port that accepts and resets does (a dying node, a proxy that refuses).
 UNREACHABLE = (OSError, aiormq.exceptions.AMQPError, TimeoutError, EOFError, StopAsyncIteration)
+
+
+@contextlib.asynccontextmanager
+async def connected(settings: Settings, *, name: str) -> AsyncIterator[AbstractRobustConnection]:
+    """``connect`` for the block; the connection is closed at its end."""
+    connection = await connect(settings, name=name)
+    try:
+        yield connection
+    finally:
+        await connection.close()
 
 
 async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:

@@ -55,11 +55,11 @@ Elsewhere, each checked where it is:
   its ``CHECKED_ON`` and ``http_protocol()`` fall back to uvicorn's ``"h11"``.
 - uvicorn: ``service/console/__main__.py`` overrides ``Server.capture_signals``.
 - Starlette: ``service/console/app.py`` overrides ``Starlette.build_middleware_stack``.
-- opentelemetry-instrumentation-aio-pika 0.66b1 (pinned): ``service/adapters/telemetry.py``
+- opentelemetry-instrumentation-aio-pika 0.66b1 (pinned): ``service/adapters/telemetry/``
   unwraps ``aio_pika.Queue.consume``, knowing the instrumentor wraps it there.
 - asyncpg: ``service/adapters/classify.py`` reads ``asyncpg.exceptions._base.DataError``
   (the client-side encoding error, not exported).
-- logging: ``service/adapters/telemetry.py`` sets ``logging._srcfile = None`` (the
+- logging: ``service/adapters/telemetry/`` sets ``logging._srcfile = None`` (the
   logging HOWTO's own advice).
 """
 

@@ -67,9 +67,11 @@ from service.adapters.postgres.pool import (
     Pool,
     clock_drift,
     connect,
+    connected,
     create_pool,
     db_now,
     ping,
+    pooled,
 )
 from service.adapters.postgres.reservations import (
     BACKLOG,
@@ -128,6 +130,7 @@ __all__ = [
     "clear_handling",
     "clock_drift",
     "connect",
+    "connected",
     "create_pool",
     "db_now",
     "dead_letter_groups",
@@ -140,6 +143,7 @@ __all__ = [
     "list_page",
     "mark_handling",
     "ping",
+    "pooled",
     "prepare_verification",
     "record_dead_letter",
     "record_leases",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -74,6 +76,36 @@ async def connect(settings: Settings, *, application_name: str) -> PlainConnecti
         )
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _unreachable(settings, exc) from exc
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+@contextlib.asynccontextmanager
+async def _closed_at_end(opening: Awaitable[C]) -> AsyncIterator[C]:
+    opened = await opening
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def connected(
+    settings: Settings, *, name: str
+) -> contextlib.AbstractAsyncContextManager[PlainConnection]:
+    """One connection (``application_name`` ``name``) for the block, closed at its end."""
+    return _closed_at_end(connect(settings, application_name=name))
+
+
+def pooled(
+    settings: Settings, *, name: str, size: int
+) -> contextlib.AbstractAsyncContextManager[Pool]:
+    """A pool of at most ``size`` connections for the block, closed at its end."""
+    return _closed_at_end(create_pool(settings, application_name=name, size=size))
 
 
 def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:

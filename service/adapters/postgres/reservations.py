@@ -7,8 +7,8 @@ from uuid import UUID
 
 import asyncpg
 
-from service.adapters.metrics import BACKLOG_BUCKETS, Backlog
 from service.adapters.postgres.pool import Connection
+from service.adapters.telemetry.metrics import BACKLOG_BUCKETS, Backlog
 from service.core.domain import BatchRow, Expiry, outcome_of
 
 # The guarded transition and its audit row, in one statement (so one

@@ -2,7 +2,7 @@
 
 The kernel drops a signal that PID 1 has no handler for, and Python installs none for
 SIGTERM: a ``docker stop`` or a pod's deletion in the first moments of a command, before
-it installs its own handlers (``lifecycle.stop_on_signals``), would be lost, and the
+it installs its own handlers (``service.cli.stop_on_signals``), would be lost, and the
 process killed at the end of its grace period. As PID 1 only, a handler is installed when
 ``service`` is imported; it remembers the request, and ``stop_on_signals`` honours it as
 soon as the command listens (a consumer then stops cleanly, exit 0). A command that never

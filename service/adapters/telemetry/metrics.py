@@ -22,7 +22,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from prometheus_client.registry import CollectorRegistry
 
-from service.adapters import histograms
+from service.adapters.telemetry import histograms
 from service.core.domain import Outcome
 
 # Deadline-age buckets of the due backlog, in seconds: (label, upper bound).

@@ -10,8 +10,8 @@ import logging
 
 from service.adapters import postgres
 from service.adapters.classify import classify
-from service.adapters.metrics import Gauges
 from service.adapters.postgres import partitions
+from service.adapters.telemetry.metrics import Gauges
 from service.settings import Settings
 
 log = logging.getLogger("service.metrics")

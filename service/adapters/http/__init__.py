@@ -1,0 +1,1 @@
+"""HTTP: the server of a process's health and metrics endpoints (``server.py``)."""

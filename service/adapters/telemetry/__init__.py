@@ -1,0 +1,47 @@
+"""OpenTelemetry and Prometheus: log lines, traces (exported by a child process), metrics
+and their instruments, and trace context read from untrusted headers.
+
+``telemetry.<name>`` works for what commands and the runtime call; the rest is imported
+from its module (``telemetry.metrics.Metrics``, ``telemetry.propagation``, ...).
+"""
+
+from service.adapters.telemetry.installed import Telemetry, telemetry_for
+from service.adapters.telemetry.logs import setup_logging
+from service.adapters.telemetry.meters import (
+    prometheus_registry,
+    serves_prometheus,
+    setup_metrics,
+    shutdown,
+)
+from service.adapters.telemetry.tracing import (
+    DEFAULT_SAMPLER,
+    SERVICE_NAME,
+    ConsumerTracing,
+    consumer_tracing,
+    instrument,
+    resource_for,
+    sampler_for,
+    setup_tracing,
+    tracer_for,
+    traces_exporter_name,
+)
+
+__all__ = [
+    "DEFAULT_SAMPLER",
+    "SERVICE_NAME",
+    "ConsumerTracing",
+    "Telemetry",
+    "consumer_tracing",
+    "instrument",
+    "prometheus_registry",
+    "resource_for",
+    "sampler_for",
+    "serves_prometheus",
+    "setup_logging",
+    "setup_metrics",
+    "setup_tracing",
+    "shutdown",
+    "telemetry_for",
+    "tracer_for",
+    "traces_exporter_name",
+]
