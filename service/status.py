@@ -18,7 +18,7 @@ from service.adapters import amqp, postgres
 from service.cli import run_command
 from service.core.redaction import redact
 from service.ops import health as ops
-from service.ops import screen
+from service.ops import screen, survey
 from service.settings import Settings
 
 NAME = "expiry-status"
@@ -27,7 +27,7 @@ NAME = "expiry-status"
 async def read_status(settings: Settings) -> ops.Status:
     """Read the database and the broker (through the first node of ``AMQP_URL`` that
     answers); either one unreachable is part of the status."""
-    return await ops.read_status(
+    return await survey.read_status(
         settings,
         postgres.connected(settings, name=NAME),
         amqp.connected(settings, name=NAME),

@@ -16,7 +16,7 @@ from service.adapters import postgres
 from service.adapters.postgres import console as console_store
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
-from service.ops import dead_letters, screen
+from service.ops import dead_letters, screen, survey
 from service.ops import health as ops_status
 from service.settings import Settings
 
@@ -66,7 +66,7 @@ async def read_overview(
     broker through its connection (None: none open); neither one down, nor a database
     that is not migrated, stops the page."""
     opened = None if broker is None else contextlib.nullcontext(broker)
-    return Overview(await ops_status.read_status(settings, pool.acquire(), opened))
+    return Overview(await survey.read_status(settings, pool.acquire(), opened))
 
 
 @dataclass(frozen=True)

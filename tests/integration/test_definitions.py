@@ -32,7 +32,7 @@ from service.adapters.amqp import returns
 from service.adapters.amqp.management import Management, ManagementUnavailable
 from service.core import topology
 from service.declare import declare
-from service.ops import health as ops_status
+from service.ops import survey
 from service.settings import Settings
 from tests import support
 from tests.integration.definitions_support import (
@@ -309,7 +309,7 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
         await support.eventually(lambda: _record_count_is(stack, 2))
     operator = shipped.settings_of(OPERATOR_USER, replay_operators=("alice",))
     async with amqp.connected(operator, name="test-status") as connection:
-        queues = await ops_status.read_queues(connection, operator)
+        queues = await survey.read_queues(connection, operator)
     assert [(q.name, q.ready) for q in queues if q.name == topology.DEAD_QUEUE] == [
         (topology.DEAD_QUEUE, 2)
     ]

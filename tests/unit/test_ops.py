@@ -11,7 +11,7 @@ from service.adapters.postgres.audit_trail import AwaitingScan
 from service.adapters.postgres.leases import ScanPass
 from service.core.errors import UsageError
 from service.ops import dead_letters, replay
-from service.ops.health import describe
+from service.ops.survey import describe
 from service.ops.verification import Verdict
 
 
