@@ -30,7 +30,7 @@ from service.core.inputs import (
     recent_millis,
     text_of,
 )
-from service.core.retry import GiveUp
+from service.core.retry import DeadLetter, GiveUp, Retry
 
 ATTEMPT_HEADER = "x-expiry-attempt"
 FIRST_SEEN_HEADER = "x-expiry-first-seen"
@@ -71,6 +71,33 @@ class DeadLetterRecord:
     last_seen: datetime
     worker: str
     body_excerpt: str | None
+
+
+def copy_headers(
+    decision: Retry | DeadLetter,
+    *,
+    attempt: int,
+    first_seen_ms: int,
+    error_class: str,
+    reason: str,
+    worker: str,
+    now_ms: int,
+) -> dict[str, Any]:
+    """Our headers on a failed delivery's copy: its history for the next attempt (a retry:
+    the attempt it will be) or, dead-lettered, the verdict a record is built from."""
+    headers: dict[str, Any] = {
+        FIRST_SEEN_HEADER: first_seen_ms,
+        ERROR_CLASS_HEADER: error_class,
+        REASON_HEADER: reason,
+        WORKER_HEADER: worker,
+    }
+    if isinstance(decision, Retry):
+        headers[ATTEMPT_HEADER] = decision.next_attempt
+    else:
+        headers[ATTEMPT_HEADER] = attempt
+        headers[GIVE_UP_HEADER] = decision.why.value
+        headers[LAST_SEEN_HEADER] = now_ms
+    return headers
 
 
 def stable_message_id(message_id: object, body: bytes) -> str:

@@ -1,4 +1,11 @@
-"""The retry decision: pure, values in, a decision out."""
+"""What follows a failure, decided purely: values in, a decision out.
+
+``decide``: a failed attempt is retried through a delay tier or dead-lettered.
+``after_refusal``: a delivery whose retry or dead-letter copy the broker refused goes
+back to the queue after a pause, or, once it has been returned ``REFUSAL_LIMIT`` times,
+is rejected for good (the work queue then dead-letters it itself: the loop ends below
+its delivery limit, whatever the broker version counts).
+"""
 
 from __future__ import annotations
 
@@ -95,3 +102,32 @@ def decide(
 def backoff(delays: tuple[int, ...], attempt: int) -> int:
     """The delay after failed ``attempt``: the tiers in order, then the last one."""
     return delays[min(max(attempt, 1), len(delays)) - 1]
+
+
+# A refused copy returns the delivery after 1, 2, 4, 8 s; at the limit it is rejected.
+REQUEUE_PAUSE_SECONDS = 1.0
+MAX_REQUEUE_PAUSE_SECONDS = 8.0
+REFUSAL_LIMIT = 5
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Return the delivery to the work queue (``basic.reject``, requeue) after a pause."""
+
+    pause_seconds: float
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Reject the delivery for good: the work queue dead-letters it itself."""
+
+    why: str
+
+
+def after_refusal(returned: int, why: str) -> Requeue | Reject:
+    """What follows a copy the broker refused (``why``), for a delivery the broker says
+    was returned ``returned`` times before."""
+    if returned + 1 >= REFUSAL_LIMIT:
+        return Reject(f"copy refused {returned + 1} times: {why}")
+    pause = REQUEUE_PAUSE_SECONDS * 2 ** min(returned, 8)
+    return Requeue(min(pause, MAX_REQUEUE_PAUSE_SECONDS))

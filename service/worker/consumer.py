@@ -8,10 +8,10 @@ carries, and however it is batched or traced, it takes one path:
 3. a redelivered command is a suspect: ``Quarantine`` handles it alone;
 4. any other command joins a batch (``Batcher``; a batch size of 1 is the
    per-message path); its outcome comes back by callback, and the delivery is
-   acked through ``Acks`` (coalesced, or one at a time), then reported once
-   (``Reporter``); a delivery its batch could not decide goes on alone;
-5. a failure is retried or dead-lettered (``Failures``); anything unexpected
-   rejects it for good, so that the broker dead-letters it.
+   acked (coalesced, or one at a time) and reported once, in one step
+   (``Settler.ack``); a delivery its batch could not decide goes on alone;
+5. a failure is retried or dead-lettered (``Failures``, which settles it the same
+   way); anything unexpected rejects it for good, so that the broker dead-letters it.
 
 Steps 2, 3 and 5 run in a task of the delivery's own; step 4 needs none, traced
 or not. A traced delivery's consumer span starts when it arrives and ends when
@@ -24,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
 
-from service.adapters import amqp
 from service.adapters.amqp.consuming import AmqpMessage
 from service.adapters.telemetry import ConsumerTracing
 from service.core.domain import Expiry, parse_command
@@ -50,6 +49,7 @@ from service.worker.inflight import InFlight
 from service.worker.ports import Store
 from service.worker.quarantine import Quarantine
 from service.worker.reporting import Reporter
+from service.worker.settling import Settler
 
 
 @dataclass(eq=False, kw_only=True)
@@ -65,6 +65,10 @@ class Consumer:
     failpoints: Failpoints
     in_flight: InFlight
     tracing: ConsumerTracing | None = None  # None: no tracing, no span per delivery
+    settler: Settler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settler = Settler(self.acks, self.reporter)
 
     async def on_message(self, message: AmqpMessage) -> None:
         """The broker's callback: route the delivery (it never waits for its handling)."""
@@ -73,8 +77,7 @@ class Consumer:
         try:
             self._route(delivery)
         except Exception as exc:  # a bug before it was handed on: it must still be settled
-            self.reporter.unhandled(delivery, exc)
-            self._in_task(delivery, self.failures.reject_for_good(delivery, "unhandled"))
+            self._in_task(delivery, self.settler.bug(delivery, exc, "unhandled"))
 
     def _route(self, delivery: Delivery) -> None:
         try:
@@ -82,8 +85,7 @@ class Consumer:
         except PoisonMessage as poison:
             self._in_task(delivery, self.failures.handle(delivery, poison))
             return
-        delivery.reservation = command.reservation_id
-        self.reporter.parsed(delivery)
+        delivery.name(command.reservation_id)
         if delivery.message.redelivered:
             self._in_task(delivery, self._suspect(delivery))
             return
@@ -127,18 +129,9 @@ class Consumer:
         self._ack(delivery, await self.quarantine.expire(delivery, delivery.reservation))
 
     def _ack(self, delivery: Delivery, expiry: Expiry) -> None:
-        """Committed: ack it (with its neighbours), then report it once."""
+        """Committed: ack it (with its neighbours), then report it once, then end it."""
         self.failpoints.after_commit()
-        delivery.acking()
-        self.acks.ack_soon(delivery.message, functools.partial(self._acked, delivery, expiry))
-
-    def _acked(self, delivery: Delivery, expiry: Expiry, exc: BaseException | None) -> None:
-        try:
-            if exc is not None:
-                amqp.settle_failed(exc, delivery.attempt.message_id)
-            self.reporter.expired(delivery, expiry, acked=exc is None)
-        finally:
-            self._end(delivery)
+        self.settler.ack(delivery, expiry, then=self._end)
 
     def _in_task(self, delivery: Delivery, work: Coroutine[Any, Any, None]) -> None:
         """Handle it in a task of its own (in its consumer span's context when traced)."""
@@ -152,9 +145,7 @@ class Consumer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.reporter.unhandled(delivery, exc)
-            if not delivery.settled:
-                await self.failures.reject_for_good(delivery, type(exc).__name__)
+            await self.settler.bug(delivery, exc, type(exc).__name__)
         finally:
             if not delivery.ack_under_way:  # the ack, once sent, ends it
                 self._end(delivery)

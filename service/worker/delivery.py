@@ -180,6 +180,12 @@ class Delivery:
             self.context.run(otel_context.attach, self.trace_context)
         return self.context
 
+    def name(self, reservation: UUID) -> None:
+        """Its body named ``reservation`` (its span says so too, when it has one)."""
+        self.reservation = reservation
+        if self.span.is_recording():
+            self.span.set_attribute("expiry.reservation_id", str(reservation))
+
     @property
     def reservation_id(self) -> str:
         """The reservation as logged ("-" while unknown)."""

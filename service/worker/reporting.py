@@ -23,8 +23,9 @@ from opentelemetry.trace import Status, StatusCode
 
 from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import Expiry, Outcome
-from service.core.retry import DeadLetter, Retry
-from service.worker.delivery import Delivery, short_reason
+from service.core.retry import Retry
+from service.worker.delivery import Delivery
+from service.worker.endings import Copied, Ending, Failure, Requeued
 
 log = logging.getLogger("service.consume")
 
@@ -61,11 +62,6 @@ class Reporter:
             },
         )
 
-    def parsed(self, delivery: Delivery) -> None:
-        """Its body named a reservation."""
-        if delivery.span.is_recording():
-            delivery.span.set_attribute("expiry.reservation_id", delivery.reservation_id)
-
     def expired(self, delivery: Delivery, expiry: Expiry, *, acked: bool) -> None:
         """A committed guarded update, acked (or not: its channel was gone)."""
         elapsed = delivery.elapsed()
@@ -80,41 +76,41 @@ class Reporter:
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", expiry.outcome.value)
 
-    def failed(
-        self,
-        delivery: Delivery,
-        exc: BaseException,
-        error_class: str,
-        decision: Retry | DeadLetter,
-    ) -> None:
-        """A failure, before its copy is published: the span ends in error, as the messaging
-        conventions say (``error.type``, the exception, an error status)."""
-        outcome = "retry" if isinstance(decision, Retry) else "dead-letter"
-        _span_failed(delivery, exc, error_class=error_class, outcome=outcome)
+    def ended(self, delivery: Delivery, ending: Ending, *, sent: bool) -> None:
+        """A delivery settled alone (``sent``: the broker was told; if not, its channel was
+        gone and the broker redelivers it). A failure's span ends in error, as the
+        messaging conventions say (``error.type``, the exception, an error status)."""
+        failure = ending.failure
+        facts = _facts(delivery, failure)
+        if failure is not None:
+            outcome = "retry" if isinstance(failure.decision, Retry) else "dead-letter"
+            _span_failed(delivery, failure, outcome=outcome)
+        if isinstance(ending, Copied):
+            if sent:
+                self._copied(delivery, ending.failure, facts)
+        elif isinstance(ending, Requeued):
+            log.warning("expiry.copy_failed", extra={**facts, "copy_error": ending.refused})
+        else:
+            if ending.refused is not None:
+                extra = {**facts, "copy_error": ending.refused, "final": True}
+                log.warning("expiry.copy_failed", extra=extra)
+            if sent:
+                self._rejected(delivery, ending.why)
 
-    def copied(
-        self, delivery: Delivery, decision: Retry | DeadLetter, facts: dict[str, Any]
-    ) -> None:
-        """Its retry or dead-letter copy was confirmed and the original acked."""
+    def _copied(self, delivery: Delivery, failure: Failure, facts: dict[str, Any]) -> None:
         elapsed = delivery.elapsed()
-        error_class = str(facts["error_class"])
+        decision = failure.decision
         if isinstance(decision, Retry):
             self.counts["retried"] += 1
-            self.metrics.retried(error_class, seconds=elapsed)
+            self.metrics.retried(failure.error_class, seconds=elapsed)
             delays = {"delay_s": decision.delay_seconds, "bound_s": decision.bound_seconds}
             log.info("expiry.retry", extra={**facts, **delays})
         else:
             self.counts["dead_lettered"] += 1
-            self.metrics.dead_lettered(error_class, decision.why.value, seconds=elapsed)
+            self.metrics.dead_lettered(failure.error_class, decision.why.value, seconds=elapsed)
             log.warning("expiry.dead_letter", extra={**facts, "give_up": decision.why.value})
 
-    def copy_refused(self, facts: dict[str, Any], why: str, *, final: bool) -> None:
-        """The broker refused its copy (it goes back to the queue, or is rejected)."""
-        extra = {**facts, "copy_error": why, **({"final": True} if final else {})}
-        log.warning("expiry.copy_failed", extra=extra)
-
-    def rejected(self, delivery: Delivery, why: str) -> None:
-        """Rejected for good: the work queue dead-letters it itself."""
+    def _rejected(self, delivery: Delivery, why: str) -> None:
         self.counts["dead_lettered"] += 1
         if delivery.span.is_recording():
             delivery.span.set_attribute("expiry.outcome", "dead-letter")
@@ -161,7 +157,21 @@ def _log_outcome(delivery: Delivery, outcome: Outcome, elapsed: float, *, acked:
     )
 
 
-def _span_failed(delivery: Delivery, exc: BaseException, *, error_class: str, outcome: str) -> None:
+def _facts(delivery: Delivery, failure: Failure | None) -> dict[str, Any]:
+    """What every line about a failed delivery says."""
+    facts: dict[str, Any] = {
+        "reservation_id": delivery.reservation_id,
+        "message_id": delivery.attempt.message_id,
+        "attempt": delivery.attempt.number,
+    }
+    if failure is not None:
+        facts["error_class"] = failure.error_class
+        facts["reason"] = failure.reason
+        facts["elapsed_ms"] = round(delivery.elapsed() * 1000, 1)
+    return facts
+
+
+def _span_failed(delivery: Delivery, failure: Failure, *, outcome: str) -> None:
     """Error status, ``error.type`` and the exception event on the delivery's span.
 
     The event carries what is safe to show (``short_reason``: our own messages,
@@ -171,11 +181,16 @@ def _span_failed(delivery: Delivery, exc: BaseException, *, error_class: str, ou
     span = delivery.span
     if not span.is_recording():
         return
+    exc = failure.exc
     kind = type(exc)
     error_type = f"{kind.__module__}.{kind.__qualname__}"
-    reason = short_reason(exc)
+    reason = failure.reason
     span.set_attributes(
-        {"error.type": error_type, "expiry.error_class": error_class, "expiry.outcome": outcome}
+        {
+            "error.type": error_type,
+            "expiry.error_class": failure.error_class,
+            "expiry.outcome": outcome,
+        }
     )
     span.add_event(
         "exception",

@@ -26,8 +26,8 @@ from service import deadletters, scan
 from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.returns import REFRESH_AT
 from service.core.domain import command_body
+from service.core.retry import REFUSAL_LIMIT
 from service.settings import Settings
-from service.worker.failures import REFUSAL_LIMIT
 from tests import support
 from tests.rawamqp import RawMessage, publish_raw_frames, replace_bytes
 from tests.recipes import consumer_cut_off, database_behind_proxy

@@ -24,16 +24,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service.adapters.telemetry import ConsumerTracing, propagation
 from service.adapters.telemetry.metrics import Metrics
+from service.core import retry as retry_module
 from service.core.domain import BatchRow, Expiry, Outcome, command_body
 from service.core.errors import PublishNotConfirmed, RowLocked
+from service.core.retry import REFUSAL_LIMIT
 from service.settings import Settings
-from service.worker import failures as failures_module
 from service.worker.acks import AckAlone
 from service.worker.batcher import Batcher
 from service.worker.consumer import Consumer
 from service.worker.delivery import Attempt
 from service.worker.failpoints import NO_FAILPOINTS
-from service.worker.failures import REFUSAL_LIMIT, Failures
+from service.worker.failures import Failures
 from service.worker.inflight import InFlight
 from service.worker.quarantine import CRASH_LIMIT, Quarantine
 from service.worker.reporting import SUMMARY_COUNTS, Reporter
@@ -301,7 +302,7 @@ async def test_a_refused_copy_returns_the_delivery_then_ends_the_loop(
 ) -> None:
     """A refused copy returns the delivery (reject, requeue); at the limit it is rejected
     for good, so that the broker dead-letters it."""
-    monkeypatch.setattr(failures_module, "REQUEUE_PAUSE_SECONDS", 0.0)
+    monkeypatch.setattr(retry_module, "REQUEUE_PAUSE_SECONDS", 0.0)
     world.publisher.refuse = True
     first = FakeMessage(b"junk")
     last = FakeMessage(b"junk", redelivered=True, headers={"x-delivery-count": REFUSAL_LIMIT - 1})

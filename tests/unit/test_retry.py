@@ -6,8 +6,20 @@ import math
 
 import pytest
 
+from service.core.dead_letter import copy_headers
 from service.core.errors import Disposition
-from service.core.retry import DeadLetter, GiveUp, Retry, RetryPolicy, backoff, decide
+from service.core.retry import (
+    REFUSAL_LIMIT,
+    DeadLetter,
+    GiveUp,
+    Reject,
+    Requeue,
+    Retry,
+    RetryPolicy,
+    after_refusal,
+    backoff,
+    decide,
+)
 from service.core.topology import slot_delays_ms
 
 POLICY = RetryPolicy(delays=(1, 5, 30), max_attempts=5, max_age_seconds=100)
@@ -115,3 +127,51 @@ def test_decide_never_loops_forever(policy: RetryPolicy) -> None:
     else:
         pytest.fail("retries never ended")
     assert attempt <= policy.max_attempts
+
+
+@pytest.mark.parametrize(
+    ("returned", "then"),
+    [
+        (0, Requeue(1.0)),
+        (1, Requeue(2.0)),
+        (2, Requeue(4.0)),
+        (3, Requeue(8.0)),
+        (REFUSAL_LIMIT - 1, Reject(f"copy refused {REFUSAL_LIMIT} times: nacked")),
+        (40, Reject("copy refused 41 times: nacked")),
+    ],
+)
+def test_a_refused_copy_returns_the_delivery_with_a_growing_pause_then_rejects_it(
+    returned: int, then: Requeue | Reject
+) -> None:
+    """A delivery whose copy the broker refused goes back after 1, 2, 4, 8 s; the one that
+    would be returned for the REFUSAL_LIMIT-th time is rejected for good instead."""
+    assert after_refusal(returned, "nacked") == then
+
+
+def test_a_copy_carries_its_next_attempt_or_its_verdict() -> None:
+    """A retry's copy says which attempt it will be; a dead letter's says the attempt that
+    failed, why it gave up and when it was last seen; both carry the history."""
+
+    def headers(decision: Retry | DeadLetter) -> dict[str, object]:
+        return copy_headers(
+            decision,
+            attempt=3,
+            first_seen_ms=1000,
+            error_class="db.timeout",
+            reason="timed out",
+            worker="w1",
+            now_ms=5000,
+        )
+
+    retry = headers(Retry(delay_ms=5000, bound_seconds=5, next_attempt=4))
+    assert retry == {
+        "x-expiry-first-seen": 1000,
+        "x-expiry-error-class": "db.timeout",
+        "x-expiry-reason": "timed out",
+        "x-expiry-worker": "w1",
+        "x-expiry-attempt": 4,
+    }
+    dead = headers(DeadLetter(GiveUp.ATTEMPTS_EXHAUSTED))
+    assert dead["x-expiry-attempt"] == 3
+    assert dead["x-expiry-give-up"] == "attempts-exhausted"
+    assert dead["x-expiry-last-seen"] == 5000
