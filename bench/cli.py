@@ -17,14 +17,18 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 
-from bench import cpu, report, run
+from bench import cpu, phases, report
 from bench.amqp import Probe
 from bench.config import PHASES, Endpoints, Options, endpoints_from
+from bench.limits import Limits
 from bench.machine import Machine, describe
-from bench.phases import Bench
+from bench.measurements import Bench
 from bench.procs import Processes, child_env
 from bench.sandbox import Sandbox, created, new_name
+from bench.supervisor import Supervisor
+from bench.targets import other_ratios, targets
 from service.cli import positive
+from service.settings import Settings
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -135,6 +139,22 @@ def options_from(args: argparse.Namespace) -> Options:
     )
 
 
+def consumer_defaults() -> str:
+    """The consumer settings the service ships with (what the batched runs use)."""
+    fields = Settings.model_fields
+    parts = [
+        f"EXPIRY_PREFETCH={fields['prefetch'].default}",
+        f"EXPIRY_DB_POOL_SIZE={fields['db_pool_size'].default}",
+    ]
+    for name in ("batch_size", "batch_wait_ms"):
+        if name in fields:
+            parts.append(f"EXPIRY_{name.upper()}={fields[name].default}")
+    if "batch_size" not in fields:
+        parts.append("no EXPIRY_BATCH_SIZE in this version (both paths are per-message)")
+    parts.append(f"EXPIRY_LOG_LEVEL={fields['log_level'].default}")
+    return ", ".join(parts)
+
+
 def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) -> None:
     say(
         f"expiry-service benchmark: {options.holds:,} holds, {options.repeat} repetition(s), "
@@ -143,7 +163,7 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
     )
     for line in machine.lines():
         say(line)
-    say(f"  consumer    service defaults: {run.consumer_defaults()}")
+    say(f"  consumer    service defaults: {consumer_defaults()}")
     if options.overrides:
         say(f"  overrides   {', '.join(f'{k}={v}' for k, v in options.overrides)}")
     say(f"  sandbox     database and vhost {sandbox.database}; logs {logs}")
@@ -152,7 +172,7 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
 
 
 def conclude(options: Options, results: report.Results) -> list[report.Check]:
-    checks = run.targets(results, options)
+    checks = targets(results, options)
     say(f"\nresults (min / median / max over {options.repeat} repetition(s))")
     for line in report.figure_table(results):
         say(line)
@@ -160,7 +180,7 @@ def conclude(options: Options, results: report.Results) -> list[report.Check]:
     for line in report.check_table(checks):
         say(line)
     say("\nother ratios (within each repetition: median, then min-max)")
-    for what, value in run.other_ratios(results):
+    for what, value in other_ratios(results):
         say(f"  {what:<54} {value}")
     return checks
 
@@ -229,11 +249,11 @@ async def _measure(
         machine = await describe(conn, sandbox.management)
         introduce(options, sandbox, machine, logs)
         probe = Probe(connection)
+        supervisor = Supervisor(procs, probe, conn, options)
+        limits = Limits(supervisor, probe, conn, sandbox.amqp_url, options.holds)
         servers = local_servers(sandbox)
-        bench = Bench(
-            options, conn, probe, procs, sandbox.amqp_url, servers, say, sandbox.database_url
-        )
-        return machine, await run.measure(bench, options, say)
+        bench = Bench(options, conn, probe, supervisor, servers, sandbox.database_url)
+        return machine, await phases.measure(limits, bench, options, say)
     finally:
         await connection.close()
         await conn.close()

@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
 
 class TimedPublisher(AmqpPublisher):
     """The consumer's publisher, noting when each retry copy was confirmed and where it went
-    (``tests/integration/test_jitter.py`` times its burst with it too)."""
+    (the wait in the delay queue is timed from that confirm)."""
 
     def __init__(
         self, retry_exchange: AbstractExchange, dead_exchange: AbstractExchange, timeout: float

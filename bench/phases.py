@@ -1,404 +1,335 @@
-"""The measurements: each one resets the database, runs real processes, reads the figures.
-
-Backlog method (the end-to-end rates): N due holds are placed and published by
-the real scan first, with no consumer running; then K consumers start, and the
-rate is the number expired over the time from the first to the last transition
-(``reservation_transitions.at``, the database's clock). The raw consume + ack is
-timed the same way: from its first delivery to its last ack.
-"""
+"""The phases of one benchmark run (what ``--only`` names), repeated: each runs its
+measurements and records their figures, with a line of progress for each."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+import importlib.util
+import socket
+from collections.abc import Awaitable, Callable, Mapping
 
-import asyncpg
-
-from bench import cpu, db
-from bench.amqp import Probe
 from bench.config import Options
-from bench.procs import Child, ChildFailed, Processes, Usage, tree_usage
-from bench.raw import Measured
-from service.core.topology import QUEUE
+from bench.limits import Limits
+from bench.measurements import Bench, ConsumeRun, ScanRun
+from bench.report import Results
 
-SCAN_TIMEOUT_SECONDS = 900.0
-STALL_SECONDS = 60.0  # no expiry for this long: the run has failed
-POLL_SECONDS = 0.1
-BATCH_UPDATE_SIZE = 200
-SUSTAINED_LEAD_SECONDS = 1.0
-SCAN_LINE = re.compile(r"scan: published (?P<n>\d+) command\(s\) .* (?P<seconds>[0-9.]+)s$", re.M)
+Say = Callable[[str], None]
+
 PER_MESSAGE_ENV = {"EXPIRY_BATCH_SIZE": "1"}
 
 
-@dataclass(frozen=True)
-class ScanRun:
-    """One ``produce --scan`` of a backlog."""
-
-    published: int
-    seconds: float  # as the scan reports it: connecting, paging, publishing, confirms
-    usage: Usage  # the whole process, from wait4
-
-    @property
-    def rate(self) -> float:
-        return self.published / self.seconds if self.seconds > 0 else 0.0
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a consumer's metrics endpoint)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
-@dataclass(frozen=True)
-class ConsumeRun:
-    """K consumer processes working off a backlog (or a steady arrival)."""
-
-    consumers: int
-    window: db.Window
-    cpu_seconds: float  # all consumers, from attaching to the last expiry
-    peak_rss_mb: float  # the largest consumer's VmHWM
-    start_spread: float  # seconds between the consumers' first expiries
-    machine: cpu.Shares  # the same interval: the machine, PostgreSQL, RabbitMQ
-
-    @property
-    def cpu_share(self) -> float:
-        """CPU of one consumer process as a share of one core, from attaching to the end."""
-        busy = self.machine.seconds * self.consumers
-        return self.cpu_seconds / busy if busy > 0 else 0.0
-
-    @property
-    def cpu_us_per_expiry(self) -> float:
-        return self.cpu_seconds / self.window.expired * 1e6 if self.window.expired else 0.0
+def consumers_label(count: int) -> str:
+    return f"{count} consumer{'s' if count > 1 else ''}"
 
 
-@dataclass(frozen=True)
-class RawRun:
-    """The broker alone: publish with confirms, then consume + ack, in subprocesses."""
-
-    publish: Measured
-    consume: Measured
-    consume_usage: Usage
-
-
-@dataclass(frozen=True)
-class LockedRun:
-    """One consumer on a backlog while the support side holds some of its rows locked."""
-
-    holds: int
-    locked: int
-    held_seconds: float  # how long the locks were held, from the consumer's start
-    expired_at_release: int  # of the holds not locked
-    free: db.Window  # the holds not locked: first to last expiry
-    locked_done_seconds: float  # from the release until every locked hold had expired
+def record_scan(results: Results, scan: ScanRun, say: Say) -> None:
+    results.add("scan.rate", "scan publish rate (produce --scan)", "/s", scan.rate)
+    results.add("scan.rss", "  scan peak RSS", "MB", scan.usage.peak_rss_mb)
+    say(
+        f"  scan             {scan.published:,} due holds in {scan.seconds:.2f}s: "
+        f"{scan.rate:,.0f}/s, peak RSS {scan.usage.peak_rss_mb:.0f} MB"
+    )
 
 
-@dataclass(frozen=True)
-class SustainedRun:
-    """Holds coming due at a steady rate, the scan on a timer, K consumers."""
-
-    lag: db.Lag
-    consume: ConsumeRun
-    scan_passes: int  # passes that published something (all scanners)
-    scan_published: int
-    scan_rate: float  # publish rate while the consumers run: each scanner's, added up
-
-
-def scan_passes(log: Path) -> list[tuple[int, float]]:
-    """(published, seconds) of every pass of ``produce --every`` that published something."""
-    text = log.read_text(errors="replace")
-    found = ((int(m["n"]), float(m["seconds"])) for m in SCAN_LINE.finditer(text))
-    return [(n, seconds) for n, seconds in found if n > 0]
+def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say: Say) -> None:
+    results.add(f"e2e.{key}", f"end-to-end expirations/s, {label}", "/s", run.window.rate)
+    results.add(f"cpu.{key}", "  consumer CPU, share of one core", "%", run.cpu_share * 100)
+    results.add(f"cpu_us.{key}", "  consumer CPU per expiry", "us", run.cpu_us_per_expiry)
+    results.add(f"rss.{key}", "  consumer peak RSS", "MB", run.peak_rss_mb)
+    record_machine(results, key, run)
+    say(
+        f"  consume          {label}: {run.window.expired:,} in {run.window.seconds:.2f}s: "
+        f"{run.window.rate:,.0f}/s, CPU {run.cpu_share:.0%} of a core per process, "
+        f"{run.cpu_us_per_expiry:,.0f} us/expiry, peak RSS {run.peak_rss_mb:.0f} MB"
+        + (f", first expiries {run.start_spread:.2f}s apart" if run.consumers > 1 else "")
+    )
+    say(f"                   {machine_line(run)}")
 
 
-def _rate(passes: list[tuple[int, float]]) -> float:
-    """A scanner's publish rate over its passes (published / their seconds)."""
-    seconds = sum(s for _, s in passes)
-    return sum(n for n, _ in passes) / seconds if seconds > 0 else 0.0
+SERVERS = {"postgresql": ("pg", "PostgreSQL"), "rabbitmq": ("rmq", "RabbitMQ node")}
 
 
-def scan_seconds(log: Path, fallback: float) -> tuple[int, float]:
-    """The published count and seconds from the scan's own report line."""
-    found = SCAN_LINE.search(log.read_text(errors="replace"))
-    if found is None:
-        return 0, fallback
-    return int(found["n"]), float(found["seconds"])
+def record_machine(results: Results, key: str, run: ConsumeRun) -> None:
+    shares = run.machine
+    results.add(f"machine.{key}", "  machine CPU busy, all cores", "%", shares.machine_busy * 100)
+    for group, cores in shares.cores.items():
+        prefix, name = SERVERS[group]
+        results.add(f"{prefix}.{key}", f"  {name} CPU, cores", "cores", cores)
 
 
-def read_measured(path: Path) -> Measured:
-    """A ``bench.raw`` result file."""
-    data = json.loads(path.read_text())
-    return Measured(int(data["count"]), float(data["seconds"]), float(data["cpu_seconds"]))
+def machine_line(run: ConsumeRun) -> str:
+    shares = run.machine
+    servers = "".join(
+        f"{SERVERS[group][1]} {cores:.2f} cores, " for group, cores in shares.cores.items()
+    )
+    return (
+        f"machine CPU {shares.machine_busy:.0%} busy: {servers}"
+        f"consumers {run.cpu_seconds / shares.seconds:.2f} cores"
+    )
 
 
-def total_cpu(before: Sequence[Usage], after: Sequence[Usage]) -> float:
-    """CPU seconds spent between two samples of the same processes."""
-    return sum(b.cpu_seconds - a.cpu_seconds for a, b in zip(before, after, strict=True))
+async def raw_limits(limits: Limits, results: Results, say: Say) -> None:
+    """The raw limits: the broker with no database, the database with no broker."""
+    raw = await limits.raw()
+    per_message = raw.consume.cpu_seconds / raw.consume.count * 1e6 if raw.consume.count else 0
+    results.add("raw.publish", "raw publish with confirms (window 500)", "/s", raw.publish.rate)
+    results.add(
+        "raw.consume", "raw consume + ack (prefetch 1000, multiple/100)", "/s", raw.consume.rate
+    )
+    results.add("raw.cpu_us", "  raw consumer CPU per message", "us", per_message)
+    results.add("raw.rss", "  raw consumer peak RSS", "MB", raw.consume_usage.peak_rss_mb)
+    say(
+        f"  raw publish      {raw.publish.count:,} with confirms in {raw.publish.seconds:.2f}s: "
+        f"{raw.publish.rate:,.0f}/s"
+    )
+    say(
+        f"  raw consume+ack  {raw.consume.count:,} in {raw.consume.seconds:.2f}s: "
+        f"{raw.consume.rate:,.0f}/s, {per_message:,.0f} us CPU/message"
+    )
+    update = await limits.batched_update()
+    results.add("db.batched", "batched guarded update, 200/statement, no broker", "/s", update.rate)
+    say(
+        f"  batched update   {update.count:,} in {update.seconds:.2f}s: {update.rate:,.0f}/s "
+        "(200 ids per statement, one connection)"
+    )
 
 
-@dataclass(eq=False)  # a runner, not a value: compared and hashed by identity
-class Bench:
-    """Runs the measurements in the sandbox (its database, its vhost, its processes)."""
+async def service_runs(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """The real commands: batched consumers (each K), one with its /metrics on, the
+    per-message path, the peer, tracing, locked rows, the sustained run and the capacity
+    searches (those ``--only`` names, if given)."""
+    phases: dict[str, Callable[[], Awaitable[None]]] = {
+        "backlog": lambda: backlogs(bench, options, results, say),
+        "metrics": lambda: one_backlog(
+            bench, results, say, "metrics", "1 consumer, /metrics on", metrics_env()
+        ),
+        "per-message": lambda: one_backlog(
+            bench, results, say, "per_message", "1 consumer, EXPIRY_BATCH_SIZE=1", PER_MESSAGE_ENV
+        ),
+        "peer": lambda: peer(bench, results, say),
+        "traced": lambda: traced(bench, results, say),
+        "production": lambda: production(bench, results, say),
+        "locked": lambda: locked_rows(bench, options, results, say),
+        "sustained": lambda: sustained(bench, options, results, say),
+        "capacity": lambda: capacity(bench, options, results, say),
+        "scanners": lambda: capacity(bench, options, results, say, scanners=2),
+    }
+    for phase, run in phases.items():
+        if options.runs(phase):
+            await run()
 
-    options: Options
-    conn: db.Connection
-    probe: Probe
-    procs: Processes
-    amqp_url: str
-    servers: cpu.Servers
-    say: Callable[[str], None]
-    database_url: str
-    _runs: int = field(default=0, init=False, repr=False)
 
-    def _name(self, what: str) -> str:
-        self._runs += 1
-        return f"{self._runs:03d}-{what}"
-
-    # -- the broker alone --------------------------------------------------------------
-
-    async def raw(self) -> RawRun:
-        """Publish N commands with confirms, then consume + ack them, with no database."""
-        await self.probe.delete_raw()
-        count = str(self.options.holds)
-        publish = await self._raw("raw-publish", "publish", "--count", count, "--window", "500")
-        consume = await self._raw(
-            "raw-consume", "consume", "--count", count, "--prefetch", "1000", "--ack-every", "100"
-        )
-        await self.probe.delete_raw()
-        return RawRun(read_measured(publish.log.with_suffix(".json")), *self._consumed(consume))
-
-    def _consumed(self, child: Child) -> tuple[Measured, Usage]:
-        return read_measured(child.log.with_suffix(".json")), child.usage()
-
-    async def _raw(self, what: str, *args: str) -> Child:
-        name = self._name(what)
-        out = self.procs.logs / f"{name}.json"
-        return await self.procs.run(
-            name,
-            "bench.raw",
-            *args,
-            "--url",
-            self.amqp_url,
-            "--out",
-            str(out),
-            timeout=SCAN_TIMEOUT_SECONDS,
+async def backlogs(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """The backlog drain with the shipped settings, for each number of consumers."""
+    for count in options.consumers:
+        env: dict[str, str] = {}
+        await one_backlog(
+            bench, results, say, f"k{count}", f"{consumers_label(count)} (default)", env, count
         )
 
-    # -- the database alone ------------------------------------------------------------
 
-    async def batched_update(self) -> Measured:
-        """The guarded update, 200 ids per statement, one connection, no broker."""
-        await db.reset(self.conn)
-        await db.insert_due(self.conn, self.options.holds)
-        expired, seconds = await db.batch_expire(
-            self.conn, batch_size=BATCH_UPDATE_SIZE, worker="bench-batched-update"
+async def one_backlog(
+    bench: Bench,
+    results: Results,
+    say: Say,
+    key: str,
+    label: str,
+    env: Mapping[str, str],
+    consumers: int = 1,
+) -> None:
+    """One backlog drain: the scan, then ``consumers`` consumers with ``env``."""
+    scan, run = await bench.backlog(consumers, env)
+    record_scan(results, scan, say)
+    record_consume(results, key, label, run, say)
+
+
+def metrics_env() -> dict[str, str]:
+    """A consumer serving /metrics (the Prometheus reader and the instruments on), as an
+    operator who alerts on it runs it."""
+    return {"EXPIRY_HTTP_PORT": str(free_port())}
+
+
+LAG_OBJECTIVE_SECONDS = 1.0  # plus the scan interval
+MAX_DOUBLINGS = 3  # the capacity search goes up to 8x the raw publish rate
+
+
+async def capacity(
+    bench: Bench, options: Options, results: Results, say: Say, scanners: int = 1
+) -> None:
+    """The highest steady rate of due holds at which the p99 lag (deadline to expired)
+    stays within the scan interval + 1 s. The first probe is this repetition's raw
+    publish rate; while a probe keeps within the objective the next doubles it (at
+    most ``MAX_DOUBLINGS`` times), then bisection between the last rate within and the
+    first over (5 probes, 3 with --quick); each probe's holds come due over half the
+    sustained run's duration."""
+    ceiling = round(results.figures["raw.publish"].by_repetition()[results.repetition])
+    objective = options.scan_every + LAG_OBJECTIVE_SECONDS
+
+    async def within(rate: int) -> bool:
+        run = await bench.sustained(rate, options.duration / 2, scanners)
+        ok = run.lag.p99 <= objective
+        say(
+            f"  capacity probe   {rate:,}/s for {options.duration / 2:g}s: lag p99 "
+            f"{run.lag.p99:.2f}s, {'within' if ok else 'over'} {objective:g}s"
         )
-        if expired != self.options.holds:
-            raise RuntimeError(f"batched update expired {expired} of {self.options.holds}")
-        return Measured(expired, seconds, 0.0)
+        return ok
 
-    # -- the service -------------------------------------------------------------------
+    low, high = 0, max(1, ceiling)
+    for _ in range(MAX_DOUBLINGS):
+        if not await within(high):
+            break
+        low, high = high, high * 2
+    else:
+        low, high = high, high  # within even there: the search stops at this rate
+    for _ in range(3 if options.quick else 5):
+        if high - low <= 1:
+            break
+        rate = (low + high) // 2
+        low, high = (rate, high) if await within(rate) else (low, rate)
+    label = f"capacity at lag p99 <= {objective:g}s, {consumers_label(options.sustained_consumers)}"
+    scanning = f"{scanners} scanner{'s' if scanners > 1 else ''}"
+    key = "capacity.rate" if scanners == 1 else f"capacity.scanners{scanners}"
+    results.add(key, f"{label} + {scanning}", "/s", low)
+    say(f"  capacity         {low:,}/s ({label} and {scanning} every {options.scan_every:g}s)")
 
-    async def scan(self, holds: int, env: Mapping[str, str] | None = None) -> ScanRun:
-        """Place ``holds`` due holds and run ``python -m service.produce --scan`` once."""
-        await db.reset(self.conn)
-        await db.insert_due(self.conn, holds)
-        started = time.monotonic()
-        child = await self.procs.run(
-            self._name("scan"), "service.produce", "--scan", env=env, timeout=SCAN_TIMEOUT_SECONDS
-        )
-        published, seconds = scan_seconds(child.log, time.monotonic() - started)
-        ready = await self.probe.ready(QUEUE)
-        if published != holds or ready != holds:
-            raise RuntimeError(f"the scan published {published} of {holds} ({ready} queued)")
-        return ScanRun(published, seconds, child.usage())
 
-    async def backlog(
-        self,
-        consumers: int,
-        env: Mapping[str, str] | None = None,
-        scan_env: Mapping[str, str] | None = None,
-    ) -> tuple[ScanRun, ConsumeRun]:
-        """The scan (with ``scan_env``) publishes N due holds, then K consumers (with
-        ``env``) work them off."""
-        scan = await self.scan(self.options.holds, scan_env)
-        children = await self._consumers(consumers, env or {})
-        try:
-            run = await self._work_off(children, self.options.holds)
-        finally:
-            await self._stop(children)
-        return scan, run
+async def peer(bench: Bench, results: Results, say: Say) -> None:
+    """Dramatiq, its default worker, doing the same job on the same servers (if installed)."""
+    if importlib.util.find_spec("dramatiq") is None or importlib.util.find_spec("psycopg") is None:
+        say("  peer             Dramatiq: not installed (pip install '.[peer]'): skipped")
+        return
+    run = await bench.peer()
+    label = "end-to-end expirations/s, Dramatiq peer (default worker)"
+    results.add("e2e.peer", label, "/s", run.window.rate)
+    per_expiry = run.cpu_us_per_expiry
+    results.add("cpu_us.peer", "  peer CPU per expiry (all its processes)", "us", per_expiry)
+    say(
+        f"  peer             Dramatiq (its default worker: a process per core x 8 threads, a "
+        f"guarded UPDATE per message): {run.window.expired:,} in {run.window.seconds:.2f}s: "
+        f"{run.window.rate:,.0f}/s, {run.cpu_us_per_expiry:,.0f} us/expiry; {machine_line(run)}"
+    )
 
-    async def traced(
-        self, ratio: float, env: Mapping[str, str] | None = None
-    ) -> tuple[ConsumeRun, int]:
-        """The backlog drain of one consumer (with ``env``) that traces, exporting over
-        OTLP/HTTP to a sink that discards what it is sent; the scan traces too and
-        decides, ``ratio`` of its jobs sampled (parent-based, as compose ships it), and
-        the consumer follows its decision. The spans the sink was sent (both's)."""
-        name = self._name(f"otlp-sink-{ratio:g}")
-        port_file, out = self.procs.logs / f"{name}.port", self.procs.logs / f"{name}.json"
-        sink = self.procs.start(
-            name, "bench.sink", "--port-file", str(port_file), "--out", str(out)
-        )
-        try:
-            async with asyncio.timeout(30):
-                while not port_file.exists() or not port_file.read_text():
-                    self.procs.check_alive([sink])
-                    await asyncio.sleep(POLL_SECONDS / 2)
-            tracing = {
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port_file.read_text()}",
-                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                "OTEL_TRACES_SAMPLER_ARG": f"{ratio:g}",
-            }
-            _, run = await self.backlog(1, {**tracing, **(env or {})}, tracing)
-        finally:
-            await self._stop([sink])
-        sent = json.loads(out.read_text())
-        if sent["invalid"]:
-            raise RuntimeError(f"the OTLP sink got {sent['invalid']} bodies that are not OTLP")
-        return run, int(sent["spans"])
 
-    async def peer(self) -> ConsumeRun:
-        """Dramatiq doing the same job (``bench/peer.py``): N due holds, one message
-        each, enqueued first; then its default worker works them off."""
-        holds = self.options.holds
-        await db.reset(self.conn)
-        await db.insert_due(self.conn, holds)
-        await self.procs.run(
-            self._name("peer-enqueue"), "bench.peer", "enqueue", timeout=SCAN_TIMEOUT_SECONDS
-        )
-        worker = self.procs.start(self._name("peer-dramatiq"), "dramatiq", "bench.peer")
-        try:
-            # From its first expiry: its processes' start (imports) is not the job.
-            await self._until_expired([worker], 1)
-            before, machine = tree_usage(worker.pid), cpu.snapshot(self.servers)
-            await self._until_expired([worker], holds)
-            after = tree_usage(worker.pid)
-            shares = cpu.shares(self.servers, machine, cpu.snapshot(self.servers))
-        finally:
-            await self.procs.stop([worker])  # Dramatiq's own exit code on SIGTERM is its own
-        return ConsumeRun(
-            1,
-            await db.expired_window(self.conn),
-            after.cpu_seconds - before.cpu_seconds,
-            after.peak_rss_mb,
-            0.0,
-            shares,
+TRACE_RATIOS = {"trace100": 1.0, "trace10": 0.1}
+PRODUCTION_RATIO = 0.1  # compose.yaml's OTEL_TRACES_SAMPLER_ARG
+
+
+async def traced(bench: Bench, results: Results, say: Say) -> None:
+    """1 consumer tracing (OTLP to a sink that discards), 100% and 10% of jobs sampled by
+    the scan (the consumer follows its decision)."""
+    for key, sampled in TRACE_RATIOS.items():
+        await one_traced(
+            bench, results, say, key, f"1 consumer, tracing {sampled:.0%} sampled", sampled
         )
 
-    async def locked_rows(self, share: float, held: float, env: Mapping[str, str]) -> LockedRun:
-        """The scan publishes N due holds; another transaction row-locks ``share`` of them;
-        one consumer starts; the locks are released (rolled back) ``held`` s later."""
-        holds = self.options.holds
-        await self.scan(holds)
-        locker = await asyncpg.connect(self.database_url)
-        try:
-            tx = locker.transaction()
-            await tx.start()
-            locked = await db.lock_some(locker, max(1, round(holds * share)))
-            children = await self._consumers(1, env)
-            await asyncio.sleep(held)
-            at_release = await db.expired_count(self.conn)
-            await tx.rollback()
-        finally:
-            await locker.close()
-        released = time.monotonic()
-        try:
-            await self._until_expired(children, holds)
-            locked_done = time.monotonic() - released
-        finally:
-            await self._stop(children)
-        free = await db.expired_window_except(self.conn, locked)
-        return LockedRun(holds, len(locked), held, at_release, free, locked_done)
 
-    async def sustained(
-        self, rate: int | None = None, duration: float | None = None, scanners: int = 1
-    ) -> SustainedRun:
-        """Holds due at ``rate``/s for ``duration`` s (default: the options'); ``scanners``
-        scans every ``scan_every`` s, the largest number of consumers of the run."""
-        options = self.options
-        rate = rate or options.rate
-        holds = max(1, round(rate * (duration or options.duration)))
-        await db.reset(self.conn)
-        children = await self._consumers(options.sustained_consumers, {})
-        scans = [
-            self.procs.start(
-                self._name(f"scan-every-{i}"),
-                "service.produce",
-                "--every",
-                f"{options.scan_every:g}",
-                env={"EXPIRY_WORKER_ID": f"bench-scanner-{i}"},
-            )
-            for i in range(1, scanners + 1)
-        ]
-        try:
-            for scanner in scans:
-                await self._first_scan(scanner, children)
-            await db.insert_spread(self.conn, holds, lead=SUSTAINED_LEAD_SECONDS, rate=rate)
-            run = await self._work_off(children, holds, also=scans)
-        finally:
-            await self._stop([*scans, *children])
-        passes = [scan_passes(scanner.log) for scanner in scans]
-        return SustainedRun(
-            await db.lag(self.conn),
-            run,
-            sum(len(p) for p in passes),
-            sum(n for p in passes for n, _ in p),
-            sum(_rate(p) for p in passes),  # scanners side by side: their rates add up
-        )
+async def production(bench: Bench, results: Results, say: Say) -> None:
+    """1 consumer as compose.yaml runs it: /metrics on and 10% of jobs traced."""
+    label = f"1 consumer, production profile (/metrics + tracing {PRODUCTION_RATIO:.0%})"
+    await one_traced(bench, results, say, "production", label, PRODUCTION_RATIO, metrics_env())
 
-    async def _consumers(self, count: int, env: Mapping[str, str]) -> list[Child]:
-        children = [
-            self.procs.start(
-                self._name(f"consumer-{i}"),
-                "service.consume",
-                env={**env, "EXPIRY_WORKER_ID": f"bench-consumer-{i}"},
-            )
-            for i in range(1, count + 1)
-        ]
-        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
-            while await self.probe.consumers(QUEUE) < count:
-                self.procs.check_alive(children)
-                await asyncio.sleep(POLL_SECONDS / 2)
-        return children
 
-    async def _first_scan(self, scanner: Child, children: Sequence[Child]) -> None:
-        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
-            while "scan: published" not in scanner.log.read_text(errors="replace"):
-                self.procs.check_alive([scanner, *children])
-                await asyncio.sleep(POLL_SECONDS)
+async def one_traced(
+    bench: Bench,
+    results: Results,
+    say: Say,
+    key: str,
+    label: str,
+    sampled: float,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    run, spans = await bench.traced(sampled, env)
+    record_consume(results, key, label, run, say)
+    results.add(f"spans.{key}", "  spans exported, scan and consumer (to a sink)", "spans", spans)
+    say(f"                   {spans:,} spans exported (scan and consumer)")
 
-    async def _work_off(
-        self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
-    ) -> ConsumeRun:
-        """Wait until ``expected`` holds expired; the consumers' CPU over that time (with
-        their own children's: a traced consumer's span exporter)."""
-        before = [tree_usage(child.pid) for child in consumers]
-        machine = cpu.snapshot(self.servers)
-        await self._until_expired([*consumers, *also], expected)
-        after = [tree_usage(child.pid) for child in consumers]
-        shares = cpu.shares(self.servers, machine, cpu.snapshot(self.servers))
-        return ConsumeRun(
-            len(consumers),
-            await db.expired_window(self.conn),
-            total_cpu(before, after),
-            max(usage.peak_rss_mb for usage in after),
-            await db.start_spread(self.conn),
-            shares,
-        )
 
-    async def _until_expired(self, children: Sequence[Child], expected: int) -> None:
-        done, progress_at = 0, time.monotonic()
-        while done < expected:
-            self.procs.check_alive(children)
-            now = await db.expired_count(self.conn)
-            if now > done:
-                done, progress_at = now, time.monotonic()
-            elif time.monotonic() - progress_at > STALL_SECONDS + self.options.duration:
-                raise ChildFailed(f"stalled: {done} of {expected} expired")
-            await asyncio.sleep(POLL_SECONDS)
+LOCKED_SHARE = 0.05
+LOCKED_ENV = {"EXPIRY_LOCK_TIMEOUT_MS": "1000"}
 
-    async def _stop(self, children: Sequence[Child]) -> None:
-        codes = await self.procs.stop(children)
-        failed = {name: code for name, code in codes.items() if code != 0}
-        if failed:
-            raise ChildFailed(f"exit codes after SIGTERM: {failed}")
+
+async def locked_rows(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """1 consumer on the backlog while 5% of its rows are locked by another transaction."""
+    held = 2.0 if options.quick else 4.0
+    run = await bench.locked_rows(LOCKED_SHARE, held, LOCKED_ENV)
+    free = run.free
+    label = f"1 consumer, {LOCKED_SHARE:.0%} of rows locked for {held:g}s"
+    results.add("locked.rate", f"{label}: the others' expirations/s", "/s", free.rate)
+    results.add(
+        "locked.at_release",
+        "  the others expired when the locks went",
+        "holds",
+        run.expired_at_release,
+    )
+    results.add(
+        "locked.after",
+        "  the locked ones all expired, after the release",
+        "s",
+        run.locked_done_seconds,
+    )
+    say(
+        f"  locked rows      {label} (EXPIRY_LOCK_TIMEOUT_MS=1000): the other "
+        f"{run.holds - run.locked:,} expired at {free.rate:,.0f}/s, "
+        f"{run.expired_at_release:,} of them before the release; the {run.locked:,} locked "
+        f"ones {run.locked_done_seconds:.1f}s after it"
+    )
+
+
+async def sustained(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """Holds due at a steady rate; lag from deadline to expired."""
+    run = await bench.sustained()
+    lag, consume = run.lag, run.consume
+    achieved = lag.expired / lag.seconds if lag.seconds > 0 else 0.0
+    label = f"sustained {options.rate:,}/s, {consumers_label(consume.consumers)}"
+    results.add("lag.p50", f"{label}: lag p50", "s", lag.p50)
+    results.add("lag.p99", "  lag p99 (deadline to expired)", "s", lag.p99)
+    results.add("lag.max", "  lag max", "s", lag.max)
+    results.add("sustained.rate", "  expirations/s (first deadline to last expiry)", "/s", achieved)
+    results.add("sustained.cpu", "  consumer CPU, share of one core", "%", consume.cpu_share * 100)
+    results.add("sustained.rss", "  consumer peak RSS", "MB", consume.peak_rss_mb)
+    results.add("sustained.scan", "  scan publish rate while consumers run", "/s", run.scan_rate)
+    record_machine(results, "sustained", consume)
+    say(
+        f"  sustained        {lag.expired:,} holds due at {options.rate:,}/s over "
+        f"{options.duration:g}s, scan every {options.scan_every:g}s: lag p50 {lag.p50:.2f}s, "
+        f"p99 {lag.p99:.2f}s, max {lag.max:.2f}s; {achieved:,.0f}/s, "
+        f"CPU {consume.cpu_share:.0%} of a core per consumer"
+    )
+    say(
+        f"                   scan: {run.scan_passes} passes published {run.scan_published:,} "
+        f"at {run.scan_rate:,.0f}/s; {machine_line(consume)}"
+    )
+
+
+async def scan_memory(bench: Bench, options: Options, results: Results, say: Say) -> None:
+    """One scan of many due holds: its peak RSS."""
+    scan = await bench.scan(options.scan_holds)
+    await bench.probe.purge("expirations")
+    label = f"scan of {options.scan_holds:,} due holds"
+    results.add("scan_memory.rss", f"{label}: peak RSS", "MB", scan.usage.peak_rss_mb)
+    results.add("scan_memory.rate", "  publish rate", "/s", scan.rate)
+    say(
+        f"  {label}: {scan.seconds:.2f}s, {scan.rate:,.0f}/s, "
+        f"peak RSS {scan.usage.peak_rss_mb:.0f} MB"
+    )
+
+
+async def measure(limits: Limits, bench: Bench, options: Options, say: Say) -> Results:
+    """Every repetition, then the scan's memory run."""
+    results = Results()
+    for number in range(1, options.repeat + 1):
+        results.repetition = number
+        say(f"\nrepetition {number}/{options.repeat}")
+        await raw_limits(limits, results, say)
+        await service_runs(bench, options, results, say)
+    results.repetition = 0  # once, after the repetitions
+    if options.runs("scan-memory"):
+        say("\nscan memory")
+        await scan_memory(bench, options, results, say)
+    return results

@@ -2,8 +2,9 @@
 that failed together coming back spread over their tier's window, none past its bound.
 
 The burst goes through the consumer's own failure handling (``Failures``: the retry
-decision with its random draw, the confirmed publish to the chosen slot's routing key);
-only the time each copy was confirmed is noted on the way.
+decision with its random draw, the confirmed publish to the chosen slot's routing key) with
+the consumer's own publisher; the test notes when each failure's handling returned (its
+copy confirmed, the delivery acked) and reads the slot chosen from the consumer's log line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from bench.jitter import TimedPublisher
 from service.adapters import amqp
 from service.adapters.amqp.declaring import check_topology, topology_for
 from service.adapters.amqp.messages import command_for
@@ -31,6 +31,7 @@ from service.settings import Settings
 from service.worker.acks import AckAlone
 from service.worker.delivery import Delivery
 from service.worker.failures import Failures
+from service.worker.ports import AmqpPublisher
 from service.worker.reporting import Reporter
 from tests.integration.definitions_support import BrokerAdmin
 from tests.support import Stack
@@ -102,6 +103,15 @@ async def _watch(channel: AbstractChannel, back: dict[str, Back], count: int) ->
     return done
 
 
+async def _fail(
+    failures: Failures, message: AbstractIncomingMessage, handled: dict[str, float]
+) -> None:
+    """Fail one delivery through the consumer's failure handling; note when that returned
+    (after its copy was confirmed: the copy was in its delay queue by then)."""
+    await failures.handle(Delivery.of(message, None), ConnectionRefusedError())
+    handled[message.message_id or ""] = time.monotonic()
+
+
 async def test_copies_that_failed_together_come_back_spread_and_within_their_bound(
     jittered: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -116,7 +126,7 @@ async def test_copies_that_failed_together_come_back_spread_and_within_their_bou
     async with connection:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         held = await _held(channel, BURST)
-        publisher = TimedPublisher(
+        publisher = AmqpPublisher(
             await channel.get_exchange(topology.RETRY_EXCHANGE, ensure=False),
             await channel.get_exchange(topology.DEAD_EXCHANGE, ensure=False),
             TIMEOUT_SECONDS,
@@ -124,25 +134,25 @@ async def test_copies_that_failed_together_come_back_spread_and_within_their_bou
         failures = Failures(settings, publisher, AckAlone(), Reporter(Metrics()))
         back: dict[str, Back] = {}
         all_back = await _watch(await connection.channel(), back, BURST)
+        handled: dict[str, float] = {}
         failed_at = time.monotonic()
-        await asyncio.gather(
-            *(failures.handle(Delivery.of(m, None), ConnectionRefusedError()) for m in held)
-        )
+        await asyncio.gather(*(_fail(failures, m, handled) for m in held))
         async with asyncio.timeout(TIMEOUT_SECONDS):
             await all_back.wait()
-    assert set(back) == set(publisher.confirmed) == {m.message_id for m in held}
-    for message_id, (delay_ms, confirmed_at) in publisher.confirmed.items():
+    logged = [r for r in caplog.records if r.msg == "expiry.retry"]
+    assert len(logged) == BURST
+    slot_of: dict[str, int] = {}
+    for record in logged:
+        assert record.bound_s == 1  # type: ignore[attr-defined]
+        slot_of[record.message_id] = round(record.delay_s * 1000)  # type: ignore[attr-defined]
+    assert set(back) == set(handled) == set(slot_of) == {m.message_id for m in held}
+    for message_id, delay_ms in slot_of.items():
         copy = back[message_id]
         assert delay_ms in slots
         assert (copy.attempt, copy.died_in) == (2, topology.delay_queue(delay_ms))
         assert copy.at - failed_at >= delay_ms / 1000
-        assert copy.at - confirmed_at <= 1 + TIMER_SLACK_SECONDS
-    assert {delay_ms for delay_ms, _ in publisher.confirmed.values()} == set(slots)
-    logged = [r for r in caplog.records if r.msg == "expiry.retry"]
-    assert len(logged) == BURST
-    for record in logged:
-        delay_ms, _ = publisher.confirmed[record.message_id]  # type: ignore[attr-defined]
-        assert (record.delay_s, record.bound_s) == (delay_ms / 1000, 1)  # type: ignore[attr-defined]
+        assert copy.at - handled[message_id] <= 1 + TIMER_SLACK_SECONDS
+    assert set(slot_of.values()) == set(slots)
 
 
 async def test_the_default_topology_is_declared_and_checked_with_every_slot(
