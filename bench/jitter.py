@@ -39,7 +39,7 @@ from service.adapters.amqp.management import Management, ManagementUnavailable, 
 from service.adapters.amqp.messages import command_for
 from service.adapters.amqp.vhosts import amqp_user, vhost_created, with_vhost
 from service.adapters.telemetry.metrics import Metrics
-from service.cli import positive
+from service.cli import positive, within
 from service.core.redaction import redact
 from service.core.topology import (
     DEAD_EXCHANGE,
@@ -79,16 +79,6 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _slots(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not MIN_JITTER_SLOTS <= value <= MAX_JITTER_SLOTS:
-        raise argparse.ArgumentTypeError(f"from {MIN_JITTER_SLOTS} to {MAX_JITTER_SLOTS}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(
@@ -105,7 +95,12 @@ def parser() -> argparse.ArgumentParser:
     add("--count", type=positive(int), default=1000, help="commands that fail together (1000)")
     add("--delay", type=positive(int), default=5, help="the tier's delay, its bound (5 s)")
     add("--jitter", type=_fraction, default=0.5, help="fraction of the delay to spread over (0.5)")
-    add("--slots", type=_slots, default=8, help="slot queues of the tier (8)")
+    add(
+        "--slots",
+        type=within(int, MIN_JITTER_SLOTS, MAX_JITTER_SLOTS, "a whole number"),
+        default=8,
+        help="slot queues of the tier (8)",
+    )
     add("--slack", type=positive(float), default=1.0, help="the broker's timer slack allowed (1 s)")
     return p
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -73,14 +74,31 @@ def stop_on_signals(
             loop.remove_signal_handler(signum)
 
 
-def positive(kind: Callable[[str], Number], what: str = "a number") -> Callable[[str], Number]:
-    """An argparse type: ``kind`` (``int``, ``float``) of the text, greater than zero."""
+def within(
+    kind: Callable[[str], Number], low: float, high: float, what: str = "a number"
+) -> Callable[[str], Number]:
+    """An argparse type: ``kind`` (``int``, ``float``) of the text, from ``low`` to ``high``
+    (``high`` may be infinite: no upper bound)."""
 
     def parse(text: str) -> Number:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not low <= value <= high:  # NaN fails too
+            bound = f"must be >= {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(bound)
+        return value
+
+    return parse
+
+
+def positive(kind: Callable[[str], Number], what: str = "a number") -> Callable[[str], Number]:
+    """An argparse type: ``kind`` (``int``, ``float``) of the text, greater than zero."""
+    at_least = within(kind, 0, math.inf, what)
+
+    def parse(text: str) -> Number:
+        value = at_least(text)
         if value <= 0:
             raise argparse.ArgumentTypeError("must be > 0")
         return value

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from service.cli import within
+
 DEFAULT_HOLDS = 3000
 DEFAULT_CONSUMERS = 3
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -42,19 +44,6 @@ def plan_from(args: argparse.Namespace) -> Plan:
         keep=args.keep,
         name=args.name or f"expiry_demo_{secrets.token_hex(4)}",
     )
-
-
-def _bounded(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}")
-        return value
-
-    return parse
 
 
 def _name(text: str) -> str:
@@ -124,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     for number in NUMBERS:
         result.add_argument(
             number.flag,
-            type=_bounded(number.kind, number.low, number.high),
+            type=within(number.kind, number.low, number.high),
             default=number.default,
             metavar=number.metavar,
             help=number.help.format(number.default),
