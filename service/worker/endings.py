@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.core.retry import DeadLetter, Retry
+from service.core.retry import DeadLetter, Reject, Requeue, Retry
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,21 @@ class Copied:
 
 
 @dataclass(frozen=True)
-class Requeued:
-    """The broker refused its copy: return it to the queue (after the pause)."""
+class Refused:
+    """The broker refused its copy (``refused``): what follows, ``core.retry.after_refusal``
+    decided (back to the queue after a pause, or rejected for good)."""
 
     failure: Failure
     refused: str
+    then: Requeue | Reject
 
 
 @dataclass(frozen=True)
 class Rejected:
-    """Reject it for good (a bug in its handling, or a copy refused too often)."""
+    """Reject it for good: a bug in its handling (``why``)."""
 
     why: str
-    failure: Failure | None = None  # its failure, when its copy was refused
-    refused: str | None = None
+    failure: None = None
 
 
-Ending = Copied | Requeued | Rejected
+Ending = Copied | Refused | Rejected

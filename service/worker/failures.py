@@ -28,7 +28,7 @@ from service.core.retry import Requeue, Retry, RetryPolicy, after_refusal, decid
 from service.settings import Settings
 from service.worker.acks import Acks
 from service.worker.delivery import Delivery, now_ms, short_reason
-from service.worker.endings import Copied, Failure, Rejected, Requeued
+from service.worker.endings import Copied, Failure, Refused
 from service.worker.ports import Publisher
 from service.worker.reporting import Reporter
 from service.worker.settling import Settler
@@ -64,9 +64,7 @@ class Failures:
             then = after_refusal(returned, str(refused))
             if isinstance(then, Requeue):
                 await asyncio.sleep(then.pause_seconds)
-                await self.settler.settle(delivery, Requeued(failure, str(refused)))
-            else:
-                await self.settler.settle(delivery, Rejected(then.why, failure, str(refused)))
+            await self.settler.settle(delivery, Refused(failure, str(refused), then))
             return
         await self.settler.settle(delivery, Copied(failure))
 

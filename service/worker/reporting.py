@@ -23,9 +23,9 @@ from opentelemetry.trace import Status, StatusCode
 
 from service.adapters.telemetry.metrics import Metrics
 from service.core.domain import Expiry, Outcome
-from service.core.retry import Retry
+from service.core.retry import Reject, Retry
 from service.worker.delivery import Delivery
-from service.worker.endings import Copied, Ending, Failure, Requeued
+from service.worker.endings import Copied, Ending, Failure, Refused
 
 log = logging.getLogger("service.consume")
 
@@ -88,14 +88,16 @@ class Reporter:
         if isinstance(ending, Copied):
             if sent:
                 self._copied(delivery, ending.failure, facts)
-        elif isinstance(ending, Requeued):
-            log.warning("expiry.copy_failed", extra={**facts, "copy_error": ending.refused})
-        else:
-            if ending.refused is not None:
-                extra = {**facts, "copy_error": ending.refused, "final": True}
-                log.warning("expiry.copy_failed", extra=extra)
-            if sent:
-                self._rejected(delivery, ending.why)
+            return
+        if isinstance(ending, Refused):
+            then = ending.then
+            final = isinstance(then, Reject)
+            extra = {**facts, "copy_error": ending.refused, **({"final": True} if final else {})}
+            log.warning("expiry.copy_failed", extra=extra)
+            if isinstance(then, Reject) and sent:
+                self._rejected(delivery, then.why)
+        elif sent:
+            self._rejected(delivery, ending.why)
 
     def _copied(self, delivery: Delivery, failure: Failure, facts: dict[str, Any]) -> None:
         elapsed = delivery.elapsed()

@@ -2,9 +2,10 @@
 
 Every way a delivery of the work queue ends passes here, once: acked with its
 neighbours after its commit (``ack``); or settled alone (``settle``): acked once its
-retry or dead-letter copy is confirmed (``Copied``), returned to the queue because the
-broker refused its copy (``Requeued``), or rejected for good, so that the work queue
-dead-letters it itself (``Rejected``). The delivery's ``Stage`` says it is settled,
+retry or dead-letter copy is confirmed (``Copied``); because the broker refused its copy
+(``Refused``), returned to the queue or, refused too often, rejected for good; or,
+after a bug in its handling, rejected for good (``Rejected``): the work queue then
+dead-letters it itself. The delivery's ``Stage`` says it is settled,
 and what was settled is reported (``Reporter``) only after the broker was told.
 """
 
@@ -15,9 +16,10 @@ from collections.abc import Callable
 
 from service.adapters import amqp
 from service.core.domain import Expiry
+from service.core.retry import Requeue
 from service.worker.acks import Acks
 from service.worker.delivery import Delivery
-from service.worker.endings import Copied, Ending, Rejected, Requeued
+from service.worker.endings import Copied, Ending, Refused, Rejected
 from service.worker.reporting import Reporter
 
 
@@ -36,7 +38,8 @@ class Settler:
         if isinstance(ending, Copied):
             action = message.ack
         else:
-            action = functools.partial(message.reject, requeue=isinstance(ending, Requeued))
+            back = isinstance(ending, Refused) and isinstance(ending.then, Requeue)
+            action = functools.partial(message.reject, requeue=back)
         sent = await amqp.settle(action, delivery.attempt.message_id)
         self.acks.settled(message)
         self.reporter.ended(delivery, ending, sent=sent)
