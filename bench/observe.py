@@ -41,6 +41,15 @@ MODES = {
     "trace100-noexport": "tracing, 100% sampled, spans dropped at export (no encoding)",
     "trace100-inprocess": "tracing, 100% sampled, OTLP encoded in this process (before)",
 }
+# Any mode with this suffix: gc.freeze() once set up, before the first delivery (the A/B
+# of the consumer's own freeze, service/worker/process.py).
+FREEZE = "+freeze"
+
+
+def described(mode: str) -> str:
+    """What ``mode`` runs."""
+    base = mode.removesuffix(FREEZE)
+    return MODES[base] + (", start-up objects frozen (gc.freeze)" if mode != base else "")
 
 
 @dataclass
@@ -113,6 +122,8 @@ _NOW = datetime.now(UTC)
 async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     mode: str, count: int, burst: int, endpoint: str | None
 ) -> dict[str, float]:
+    import gc
+
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY
@@ -129,6 +140,8 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     from service.worker.quarantine import Quarantine
     from service.worker.reporting import Reporter
 
+    freeze = mode.endswith(FREEZE)
+    mode = mode.removesuffix(FREEZE)
     tracing = None
     provider = None
     sampled_every = None
@@ -188,6 +201,8 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     # and let go after it, as a consumer lets go of what it acked: a list of them all
     # would be a heap the garbage collector walks again and again, as no consumer's is.
     making, unacked = 0.0, 0
+    if freeze:
+        gc.freeze()
     started = time.process_time()
     main_started = time.thread_time()
     wall = time.perf_counter()
@@ -299,7 +314,7 @@ def main() -> None:
         print(
             f"{mode:18} {mid['us_per_delivery']:12.1f} {mid['us_loop_thread']:12.1f} "
             f"{mid['us_child']:6.1f} {ratio:>8}  "
-            f"{MODES[mode]}"
+            f"{described(mode)}"
         )
     print(f"spans the sink was sent: {json.loads((folder / 'out.json').read_text())['spans']:,}")
 
