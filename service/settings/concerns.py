@@ -1,42 +1,33 @@
-"""Settings: the only reader of the environment.
+"""What the ``EXPIRY_*`` settings and the contract's ``DATABASE_URL`` and ``AMQP_URL``
+accept: one class per concern, composed into ``Settings`` (``loading.py``).
 
-``DATABASE_URL`` and ``AMQP_URL`` keep their contract names; everything else
-has the ``EXPIRY_`` prefix and a documented default (docs/reference.md has the table).
+The standard ``OTEL_*`` variables are ``otel_variables.py``'s.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import os
 import socket
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from dotenv import dotenv_values
 from pydantic import (
     AliasChoices,
     Field,
     PositiveFloat,
     PositiveInt,
     SecretStr,
-    ValidationError,
     field_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode
 
 from service.core.default_owners import OwnerRule, parse_owner_rules
 from service.core.dsn import ENCODING_HINT, parse_dsn, split_url
-from service.core.errors import ConfigError
-from service.core.redaction import redact_url as redact_url  # re-exported: other modules import it
 from service.core.redaction import register_url_secrets
 
 _AMQP_SCHEMES = ("amqp", "amqps")
-ENV_PREFIX = "EXPIRY_"
 OPERATOR_LIMIT = 64
-ENV_FILE = ".env"
 # Delay queues per backoff tier when retries are jittered.
 MIN_JITTER_SLOTS, MAX_JITTER_SLOTS = 2, 32
 
@@ -183,42 +174,6 @@ class _Pipeline(BaseSettings):
         return value
 
 
-class _Telemetry(BaseSettings):
-    """The standard OpenTelemetry variables this service reads itself."""
-
-    # The standard OpenTelemetry variables that choose exporters (the SDK reads the rest).
-    otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
-        default=None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER")
-    )
-    otel_metrics_exporter: Literal["otlp", "console", "none", "prometheus"] | None = Field(
-        default=None, validation_alias=AliasChoices("OTEL_METRICS_EXPORTER")
-    )
-    otel_endpoint: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-        ),
-    )
-    otel_sdk_disabled: bool = Field(
-        default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
-    )
-    # Which traces are kept, by the standard's names; unset: parentbased_always_on.
-    otel_traces_sampler: (
-        Literal[
-            "always_on",
-            "always_off",
-            "traceidratio",
-            "parentbased_always_on",
-            "parentbased_always_off",
-            "parentbased_traceidratio",
-        ]
-        | None
-    ) = Field(default=None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"))
-    otel_traces_sampler_arg: float | None = Field(
-        default=None, ge=0, le=1, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG")
-    )
-
-
 class _Operators(BaseSettings):
     """Who may act on dead letters, who owns them, and the operator console."""
 
@@ -303,23 +258,6 @@ class _Retention(BaseSettings):
     retention_working_days: int = Field(default=7, ge=1, le=36500)
 
 
-class Settings(_Retention, _Operators, _Telemetry, _Pipeline, _Connections):
-    """Every knob of the service (docs/reference.md has the table), by concern in the five
-    classes above; one model, read from the environment once."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_file=ENV_FILE,
-        env_file_encoding="utf-8",
-        extra="ignore",
-        frozen=True,
-        validate_by_name=True,
-    )
-
-    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
-    failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
-
-
 def _check_amqp_url(value: str) -> str:
     """Refuse what aio-pika would misread; never quote the URL (it may hold a password)."""
     parts = split_url(value, _AMQP_SCHEMES)  # a DsnError is a ValueError
@@ -336,101 +274,3 @@ def _check_amqp_url(value: str) -> str:
 
 def _invalid_url(what: str) -> ValueError:
     return ValueError(f"not a valid URL: {what} ({ENCODING_HINT})")
-
-
-_ENV_NAMES = {
-    "database_url": "DATABASE_URL",
-    "amqp_url": "AMQP_URL",
-    "otel_traces_exporter": "OTEL_TRACES_EXPORTER",
-    "otel_metrics_exporter": "OTEL_METRICS_EXPORTER",
-    "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "otel_sdk_disabled": "OTEL_SDK_DISABLED",
-    "otel_traces_sampler": "OTEL_TRACES_SAMPLER",
-    "otel_traces_sampler_arg": "OTEL_TRACES_SAMPLER_ARG",
-}
-
-
-def _setting_names() -> list[str]:
-    """Every ``EXPIRY_*`` name that is a setting, then the names of the aliased ones."""
-    prefixed = [
-        f"{ENV_PREFIX}{name.upper()}"
-        for name, field in Settings.model_fields.items()
-        if field.validation_alias is None
-    ]
-    aliases = {
-        choice
-        for field in Settings.model_fields.values()
-        if isinstance(field.validation_alias, AliasChoices)
-        for choice in field.validation_alias.choices
-        if isinstance(choice, str)
-    }
-    return prefixed + sorted(aliases)
-
-
-def unknown_settings(names: Iterable[str]) -> list[str]:
-    """One line for each ``EXPIRY_*`` name (any case) that is not a setting, with a hint.
-
-    ``EXPIRY_DATABASE_URL`` and the like (which pydantic-settings would read as
-    undocumented aliases) count as unknown: they point to the documented name.
-    """
-    known = _setting_names()
-    problems = []
-    for name in sorted(set(names)):
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() in known:
-            continue
-        hint = _closest(name.upper(), known)
-        problems.append(f"{name}: unknown setting" + (f" (did you mean {hint}?)" if hint else ""))
-    return problems
-
-
-def _closest(name: str, known: list[str]) -> str | None:
-    field = name.removeprefix(ENV_PREFIX).lower()
-    if field in _ENV_NAMES:
-        return _ENV_NAMES[field]
-    close = difflib.get_close_matches(name, known, n=1)
-    return close[0] if close else None
-
-
-def process_environment() -> dict[str, str]:
-    """This process's environment, as it is: for a child process to inherit, or for
-    libpq's ``PG*`` defaults (settings come from ``load_settings`` only)."""
-    return dict(os.environ)
-
-
-def _environment_names() -> list[str]:
-    names = list(os.environ)
-    if Path(ENV_FILE).is_file():
-        names += [name for name in dotenv_values(ENV_FILE, encoding="utf-8") if name]
-    return names
-
-
-def load_settings() -> Settings:
-    """Read settings from the environment (and ``.env``), or raise ``ConfigError``.
-
-    An ``EXPIRY_*`` variable that is no setting (a typo) is refused too.
-    """
-    present = _environment_names()
-    if problems := unknown_settings(present):
-        raise ConfigError("; ".join(problems))
-    try:
-        return Settings()
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else "settings"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"{_variable_of(field, present)}: {message}") from None
-
-
-def _variable_of(field: str, present: Iterable[str]) -> str:
-    """The variable a refused value came from: of a setting read under several names, the
-    first one that is set."""
-    upper = {name.upper() for name in present}
-    for name, spec in Settings.model_fields.items():
-        if not isinstance(spec.validation_alias, AliasChoices):
-            continue
-        choices = [c for c in spec.validation_alias.choices if isinstance(c, str)]
-        if field.lower() == name or field.upper() in choices:
-            return next((c for c in choices if c.upper() in upper), choices[0])
-    return _ENV_NAMES.get(field.lower()) or (
-        field if field.isupper() else f"{ENV_PREFIX}{field.upper()}"
-    )
