@@ -194,7 +194,14 @@ def otel_problem() -> str | None:
 
 def _span_limits_problem(environ: Mapping[str, str]) -> str | None:
     """Each span limit as the SDK reads it (``SpanLimits``, public; it raises), one at a
-    time: the other arguments given as unset, so that only the one variable is read."""
+    time: the other arguments given as unset, so that only the one variable is read.
+
+    First each as the SDK's module reads some of them as it is imported (a whole number
+    >= 0, or empty: no limit), since importing it with a bad one raises, quoting it."""
+    for name in SPAN_LIMITS.values():
+        text = environ.get(name, "").strip()
+        if text and not (text.isdigit() and text.isascii()):
+            return f"{name}: must be a whole number >= 0 (empty: no limit)"
     for argument, name in SPAN_LIMITS.items():
         if name in environ:
             try:

@@ -30,6 +30,9 @@ CLOSED = {"DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none", "AMQP_URL": "a
         # Before: accepted, and read only where the SDK's objects are made.
         ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
         ("OTEL_METRICS_EXEMPLAR_FILTER", "sometimes"),
+        # Before: a traceback quoting the value, as the SDK read them while it was imported.
+        ("OTEL_PROPAGATORS", f"tracecontext,{SECRET}"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", SECRET),
     ],
 )
 def test_a_bad_otel_value_is_one_line_and_exit_2(name: str, value: str) -> None:
