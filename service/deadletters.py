@@ -20,9 +20,10 @@ from typing import Any
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp.connection import UNREACHABLE
-from service.cli import common_options, run_command
+from service.cli import common_options, positive, run_command
 from service.core.errors import UsageError
-from service.ops import dead_letters, dead_queue, plans, replay
+from service.ops import dead_letters, dead_queue, plan_file, plans, replay
+from service.ops.dead_letters import NEEDS_OPERATOR
 from service.settings import Settings
 
 NAME = "expiry-deadletters"
@@ -42,7 +43,7 @@ async def list_command(settings: Settings, args: argparse.Namespace) -> int:
     """``list``: the matching dead letters, newest first."""
     filters = dead_letters.Filters(
         status=None if args.status == "all" else args.status,
-        error_class=args.error_class,
+        error_class=dead_letters.filter_value(args.error_class, "--error-class"),
         older_than=args.older_than,
         newer_than=args.newer_than,
         limit=args.limit,
@@ -68,28 +69,39 @@ async def show_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def selection_of(args: argparse.Namespace) -> plans.Selection:
-    """Named dead letters, or (``--all``) the group the filters describe."""
+    """Named dead letters, or (``--all``) the group the filters describe (an empty filter
+    is refused: it would select nothing)."""
+    error_class = dead_letters.filter_value(args.error_class, "--error-class")
+    give_up = dead_letters.filter_value(args.give_up, "--give-up")
     if args.all:
-        group = plans.Group(args.error_class, args.give_up, args.status)
-        return plans.Selection(group=group)
-    if args.error_class or args.give_up or args.status:
+        return plans.Selection(group=plans.Group(error_class, give_up, args.status))
+    if error_class or give_up or args.status:
         raise UsageError("--error-class, --give-up and --status select a group: add --all")
     return plans.Selection(keys=plans.keys_of(args.ids))
 
 
 async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     """``replay``: the dry run, then (confirmed for a group) the replay of exactly what it
-    listed; the dead letters left out, and the group's newcomers, are named."""
-    actor = dead_letters.actor_named(args.operator)
+    listed; or (``--plan``) the replay of exactly what a saved dry run listed. The dead
+    letters left out, and the group's newcomers, are named. A refused replay is audited
+    on each dead letter it selected, one without ``--operator`` too."""
+    actor = _actor_of(args)
+    saved = _saved_plan(args)
     async with postgres.connected(settings, name=NAME) as conn:
-        planned, rows = await plans.plan(conn, "replay", selection_of(args), args.limit)
-        shown = replay.dry_run(rows, await dead_letters.expectations(conn, rows, settings))
-        lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
-        if args.dry_run:
-            return _print(args, lines, {"plan": [r.as_json() for r in shown]}, planned)
+        if actor is None:
+            rows = await _selected_anyway(conn, args, saved)
+            await dead_letters.refuse(conn, dead_letters.unnamed_actor(), rows, NEEDS_OPERATOR)
+        planned, rows = await _planned(conn, args, saved)
+        lines: list[str] = []
+        if saved is None:
+            shown = replay.dry_run(rows, await dead_letters.expectations(conn, rows, settings))
+            lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
+            if args.dry_run:
+                return _print(args, lines, plan_file.document(planned, shown))
         if not planned.items:
             empty = replay.report_lines([], dry_run=False) + plans.tail_lines(planned)
-            return _print(args, empty, {"results": [], "left_out": []}, planned)
+            return _print(args, empty, {"results": [], "left_out": [], "beyond": planned.beyond})
+        assert actor is not None  # refused above
         why = dead_letters.refusal(settings, actor) or await unconfirmed(
             args, actor, lines, len(rows)
         )
@@ -102,9 +114,54 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
                 settings, conn, connection, confirmed.rows, actor, expectations
             )
     lines = replay.report_lines(results, dry_run=False) + confirmed.lines()
-    machine = {"results": [r.as_json() for r in results], "left_out": _left_out(confirmed)}
-    _print(args, lines, machine, planned)
+    machine = {
+        "results": [r.as_json() for r in results],
+        "left_out": _left_out(confirmed),
+        "beyond": planned.beyond,
+    }
+    _print(args, lines, machine)
     return 1 if replay.any_failed(results) else 0
+
+
+def _actor_of(args: argparse.Namespace) -> postgres.Actor | None:
+    """Who replays (``--operator``); None when a replay names nobody, a refusal audited as
+    such. A dry run needs a name too, and is refused at once without one (it changes
+    nothing: there is nothing to audit)."""
+    if args.dry_run or (args.operator or "").strip():
+        return dead_letters.actor_named(args.operator)
+    return None
+
+
+def _saved_plan(args: argparse.Namespace) -> plans.Plan | None:
+    """``--plan FILE``'s plan (checked: ``plan_file``), alone: it carries its selection and
+    is itself the confirmation of the dry run that made it."""
+    if args.plan is None:
+        return None
+    if args.error_class is not None or args.give_up is not None or args.status is not None:
+        raise UsageError("--plan carries its selection: no --error-class, --give-up or --status")
+    if args.dry_run:
+        raise UsageError("--plan replays a saved dry run: without --dry-run")
+    return plan_file.read(args.plan)
+
+
+async def _planned(
+    conn: postgres.Connection, args: argparse.Namespace, saved: plans.Plan | None
+) -> tuple[plans.Plan, list[Any]]:
+    """A new plan and its records, or the saved plan and its records as they are now."""
+    if saved is None:
+        return await plans.plan(conn, "replay", selection_of(args), args.limit)
+    return saved, await plans.records_of(conn, saved)
+
+
+async def _selected_anyway(
+    conn: postgres.Connection, args: argparse.Namespace, saved: plans.Plan | None
+) -> list[Any]:
+    """The records a replay without ``--operator`` asked for, to audit its refusal on
+    (none, when it names none that can be replayed)."""
+    try:
+        return (await _planned(conn, args, saved))[1]
+    except UsageError:
+        return []
 
 
 async def act_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -159,11 +216,9 @@ async def tidy_command(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(
-    args: argparse.Namespace, lines: list[str], machine: dict[str, Any], planned: plans.Plan
-) -> int:
+def _print(args: argparse.Namespace, lines: list[str], machine: dict[str, Any]) -> int:
     if getattr(args, "json", False):
-        print(json.dumps({**machine, "beyond": planned.beyond}, indent=2))
+        print(json.dumps(machine, indent=2))
     else:
         print("\n".join(lines))
     return 0
@@ -223,16 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--newer-than", type=parse_duration, metavar="AGE", help="last seen within AGE"
     )
     lister.add_argument("--status", choices=("dead", "closed", "replayed", "all"), default="dead")
-    lister.add_argument("--limit", type=int, default=100)
+    lister.add_argument("--limit", type=positive(int, "a whole number"), default=100)
     lister.add_argument("--json", action="store_true", help="machine-readable output")
     shower = actions.add_parser(
         "show", help="everything known about one dead letter", parents=common
     )
     shower.add_argument("id", help="record id or message id")
     shower.add_argument("--json", action="store_true")
-    replayer = _selecting_parser(actions, "replay", "republish dead letters (audited)", common)
+    replayer = _selecting_parser(
+        actions, "replay", "republish dead letters (audited)", common, plan=True
+    )
     replayer.add_argument(
-        "--dry-run", action="store_true", help="show what would happen, change nothing"
+        "--dry-run",
+        action="store_true",
+        help="show what would happen, change nothing (with --json: a plan to save for --plan)",
     )
     replayer.add_argument("--json", action="store_true", help="machine-readable output")
     for action, what, text in ACTS:
@@ -266,8 +325,11 @@ def _selecting_parser(
     action: str,
     what: str,
     parents: list[argparse.ArgumentParser],
+    *,
+    plan: bool = False,
 ) -> argparse.ArgumentParser:
-    """A subcommand that acts on named dead letters, or on a group with ``--all``."""
+    """A subcommand that acts on named dead letters, or on a group with ``--all`` (or, with
+    ``plan``, on the dead letters a saved dry run listed)."""
     parser = actions.add_parser(action, help=what, parents=parents)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("ids", nargs="*", default=[], metavar="ID", help="record or message ids")
@@ -277,6 +339,13 @@ def _selecting_parser(
         help="a whole group, as the filters below describe it (every open one without them); "
         "its list is shown and confirmed first",
     )
+    if plan:
+        target.add_argument(
+            "--plan",
+            metavar="FILE",
+            help="exactly the dead letters a saved dry run listed (replay ... --dry-run --json "
+            "> FILE): those changed or gone since are left out and named, as are newcomers",
+        )
     parser.add_argument("--error-class", help="with --all: only this error class")
     parser.add_argument("--give-up", help="with --all: only this give-up reason")
     parser.add_argument("--status", choices=("dead", "closed"), help="with --all: only this status")
@@ -290,7 +359,7 @@ def _selecting_parser(
     )
     parser.add_argument(
         "--limit",
-        type=int,
+        type=positive(int, "a whole number"),
         default=plans.PLAN_LIMIT,
         help=f"with --all: at most this many (at most {plans.PLAN_LIMIT})",
     )

@@ -52,7 +52,8 @@ def _plan_of(form: FormData, act: str, selection: plans.Selection) -> plans.Plan
     items = plans.parse_items(field_of(form, "plan", guard.PLAN_LIMIT))
     if not items:
         raise UsageError("the confirmation carries no plan: dry-run again")
-    return plans.Plan(act, selection, items)
+    at = plans.parse_time(field_of(form, "planned_at", plans.TIME_LIMIT))
+    return plans.Plan(act, selection, items, at=at)
 
 
 def _back(selection: plans.Selection) -> str:
@@ -121,7 +122,9 @@ def _plan_page(
         selection=selection,
         group=selection.group,
         token=planned.token(),
+        planned_at=planned.at.isoformat() if planned.at is not None else "",
         count=len(planned.items),
+        guarded=act in ("replay", *dead_letters.GUARDED),
         action="/replay" if act == "replay" else "/act",
         text=text,
     )

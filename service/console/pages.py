@@ -125,7 +125,8 @@ class Query:
 
 
 def _short(value: str | None) -> str | None:
-    return value[:100] if value else None
+    """A filter's text (blank: no filter, any)."""
+    return (value.strip()[:100] or None) if value else None
 
 
 def _cursor(value: str | None) -> tuple[datetime, int] | None:

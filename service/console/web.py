@@ -35,10 +35,13 @@ from service.settings import OPERATOR_LIMIT, Settings
 
 HERE = Path(__file__).resolve().parent
 BROKER_RETRY_SECONDS = 10.0
+# The acts only an operator of EXPIRY_REPLAY_OPERATORS may do, as a page names them.
+GUARDED_ACTS = "replay, close or reopen"
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["cell"] = dead_letters.cell
 templates.env.filters["age"] = human
+templates.env.filters["shown_operator"] = dead_letters.shown_operator
 templates.env.globals["describe_policy"] = recorded_policy.describe
 
 
@@ -69,6 +72,13 @@ class Console:
         if doing not in ("replay", "close", "reopen", "end sessions"):
             return None
         return dead_letters.refusal(self.settings, self.actor(operator, ""), doing)
+
+    def may_not(self, operator: str | None) -> str | None:
+        """Why ``operator`` is offered no replay, close or reopen (nor the sessions page),
+        or None: the pages leave out what ``may`` would refuse, and say why."""
+        if operator is None:
+            return None
+        return dead_letters.refusal(self.settings, self.actor(operator, ""), GUARDED_ACTS)
 
     def actor(self, operator: str, client: str) -> postgres.Actor:
         """Who acts: the operator, the console's OS user, the browser's address."""
@@ -133,10 +143,12 @@ def operator_of(request: Request) -> str | None:
 
 
 def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
-    """A rendered page, with the operator and the CSRF token in its context."""
+    """A rendered page, with the operator, the CSRF token and why the operator is offered
+    no replay, close or reopen (``may_not``: None when it is) in its context."""
     found = getattr(request.state, "session", None)
     context.setdefault("csrf", found.csrf if isinstance(found, store.Session) else "")
-    context.update(operator=operator_of(request))
+    operator = operator_of(request)
+    context.update(operator=operator, may_not=console_of(request).may_not(operator))
     return templates.TemplateResponse(request, template, context, status_code=status)
 
 

@@ -45,6 +45,11 @@ REPLAY_COLUMNS = ("at", "operator", "db_user", "os_user", "client_host", "outcom
 EVENT_COLUMNS = ("at", "kind", "operator", "db_user", "os_user", "client_host", "detail")
 # Open: not replayed yet (a closed one may still be replayed or reopened).
 OPEN = ("dead", "closed")
+# The operator a replay refused for want of --operator is audited as: empty, which no
+# --operator can give (a blank name is refused), shown as UNNAMED_SHOWN.
+UNNAMED = ""
+UNNAMED_SHOWN = "(none given)"
+NEEDS_OPERATOR = "this needs --operator NAME: every act is audited with who did it"
 
 
 def cell(value: Any) -> str:
@@ -152,7 +157,8 @@ class Detail:
             render_table(self.transitions, TRANSITION_COLUMNS) if self.transitions else "  none"
         )
         lines += ["", "replays:"]
-        lines.append(render_table(self.replays, REPLAY_COLUMNS) if self.replays else "  none")
+        replays = [{**r, "operator": shown_operator(r.get("operator"))} for r in self.replays]
+        lines.append(render_table(replays, REPLAY_COLUMNS) if replays else "  none")
         lines += ["", "owner, notes, closing (audit):"]
         lines.append(render_table(self.events, EVENT_COLUMNS) if self.events else "  none")
         return lines
@@ -177,6 +183,21 @@ async def read_detail(conn: postgres.Connection, key: str, settings: Settings) -
     detail.events = [dict(e) for e in await ownership.events_of(conn, row["id"])]
     detail.record["reservation_status"] = state[0] if state else None
     return detail
+
+
+def shown_operator(operator: object) -> object:
+    """An audit row's operator as shown: UNNAMED_SHOWN for one refused without a name."""
+    return UNNAMED_SHOWN if operator == UNNAMED else operator
+
+
+def filter_value(value: str | None, option: str) -> str | None:
+    """A filter as given (``None``: not given, any); an empty or blank one, which would
+    select nothing while reading as "any", is refused."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{option} is empty: give a value, or leave it out for any")
+    return value.strip()
 
 
 def not_found(key: str) -> str:
@@ -219,8 +240,14 @@ def actor_named(operator: str | None) -> postgres.Actor:
     """Who replays: the ``--operator`` name, the OS user and this host."""
     name = clean_text((operator or "").strip(), OPERATOR_LIMIT)
     if not name:
-        raise UsageError("this needs --operator NAME: every act is audited with who did it")
+        raise UsageError(NEEDS_OPERATOR)
     return postgres.Actor(name, clean_text(os_user(), OPERATOR_LIMIT), socket.gethostname())
+
+
+def unnamed_actor() -> postgres.Actor:
+    """Who asked for a replay without --operator, for the audit of its refusal: no name
+    (UNNAMED), the OS user and this host."""
+    return postgres.Actor(UNNAMED, clean_text(os_user(), OPERATOR_LIMIT), socket.gethostname())
 
 
 def os_user() -> str:

@@ -2,14 +2,17 @@
 and the confirmation, which acts on exactly the planned dead letters and no more.
 
 A selection names dead letters (record ids or message ids) or a group (error
-class, give-up reason and status, each of which may be "any"); it is never
-empty, so a request that selects nothing selects nothing. A plan lists each
-selected dead letter with its revision (``adapters/postgres/revisions.py``).
-Confirming a plan reads those records again: one that changed since the dry
-run, or is gone, is left out and named, and so is every member of the group
-that arrived since (a new dry run includes it). Each planned record that is
-still as it was is then claimed, so that two confirmations of one plan never
-both act.
+class, give-up reason and status, each of which may be "any"; an empty value,
+which would select nothing while reading as "any", is refused); it is never
+empty, so a request that selects nothing selects nothing. A plan lists
+each selected dead letter with its revision (``adapters/postgres/revisions.py``),
+and when the dry run read them (the database's clock). Confirming a plan reads
+those records again: one that changed since the dry run (named with what
+changed: ``plan_changes.py``), or is gone, is left out, and so is every member
+of the group that arrived since (a new dry run includes it). Each planned record
+that is still as it was is then claimed, so that two confirmations of one plan
+never both act. A plan travels as the console's confirm form (``token`` and the
+time) or as a saved dry run (``plan_file.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -24,6 +28,7 @@ import asyncpg
 from service.adapters import postgres
 from service.adapters.postgres import revisions
 from service.core.errors import UsageError
+from service.ops import plan_changes
 from service.ops.dead_letters import OPEN, cell
 
 # The records each act applies to: an open dead letter is replayed, assigned, noted or
@@ -39,6 +44,8 @@ PLAN_LIMIT = 1000
 KEY_LIMIT = 300
 NAME_LIMIT = 100
 _ITEM = re.compile(r"^(\d{1,18}):(\d{1,10})$")
+TIME_LIMIT = 64
+FORGED = "the plan is not one a dry run made: dry-run again"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,15 @@ class Group:
     error_class: str | None = None
     give_up: str | None = None
     status: str | None = None
+
+    def __post_init__(self) -> None:
+        for what, value in (
+            ("error class", self.error_class),
+            ("give-up", self.give_up),
+            ("status", self.status),
+        ):
+            if value is not None and not value.strip():
+                raise UsageError(f"the group's {what} is empty: it would select nothing")
 
     def statuses(self, act: str) -> tuple[str, ...]:
         """The statuses the group covers for ``act``."""
@@ -117,6 +133,7 @@ class Plan:
     selection: Selection
     items: tuple[Planned, ...]
     beyond: int = 0  # members of the group past PLAN_LIMIT, not in this plan
+    at: datetime | None = None  # when the dry run read them (the database's clock)
 
     def token(self) -> str:
         """The items as the console's confirm form carries them: ``id:revision,...``."""
@@ -144,9 +161,23 @@ def parse_items(token: str) -> tuple[Planned, ...]:
     for part in parts:
         match = _ITEM.match(part)
         if match is None:
-            raise UsageError("the plan is not one a dry run made: dry-run again")
+            raise UsageError(FORGED)
         items.append(Planned(int(match.group(1)), match.group(2)))
     return tuple(dict.fromkeys(items))
+
+
+def parse_time(text: str) -> datetime | None:
+    """When a dry run read its records, as a confirm form carries it back (untrusted): ISO
+    8601 with an offset; empty: not known."""
+    if not text:
+        return None
+    try:
+        found = datetime.fromisoformat(text) if len(text) <= TIME_LIMIT else None
+    except ValueError:
+        found = None
+    if found is None or found.utcoffset() is None:
+        raise UsageError(FORGED)
+    return found
 
 
 def keys_of(values: Iterable[str]) -> tuple[str, ...]:
@@ -164,12 +195,13 @@ async def plan(
     (``UsageError``), as one alone always was.
     """
     limit = max(1, min(limit, PLAN_LIMIT))
+    at = await postgres.db_now(conn)  # before the read: an act recorded after it is news
     rows = await select(conn, act, selection, limit)
     beyond = 0
     if selection.group is not None and len(rows) == limit:
         beyond = await _group_size(conn, act, selection.group) - limit
     items = tuple(Planned(row["id"], row["revision"]) for row in rows)
-    return Plan(act, selection, items, max(0, beyond)), rows
+    return Plan(act, selection, items, max(0, beyond), at), rows
 
 
 def plan_lines(planned: Plan, rows: list[Any]) -> list[str]:
@@ -215,19 +247,28 @@ async def select(
     return list(rows)
 
 
+async def records_of(conn: postgres.Connection, planned: Plan) -> list[Any]:
+    """The records a plan lists, as they are now (those that still exist)."""
+    return await revisions.by_ids(conn, [item.id for item in planned.items])
+
+
 async def _group_size(conn: postgres.Connection, act: str, group: Group) -> int:
     return await revisions.group_size(conn, group.statuses(act), group.error_class, group.give_up)
 
 
 async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
-    """Claim each planned record still as the dry run saw it; name the rest, and the group's
-    newcomers (read now, not acted on)."""
+    """Claim each planned record still as the dry run saw it; name the rest (what changed
+    in those that changed), and the group's newcomers (read now, not acted on)."""
     now = {row["id"]: row for row in await revisions.by_ids(conn, [i.id for i in planned.items])}
     keys = set(planned.selection.keys)
     group = planned.selection.group
     done = Confirmed()
+    changed = []
     for item in planned.items:
         row = now.get(item.id)
+        if row is not None and row["revision"] != item.revision:
+            changed.append(row)
+            continue
         why = _unfit(row, item, planned.act, group, keys)
         if why is None and row is not None:
             claimed = await revisions.claim(conn, row["id"], item.revision)
@@ -236,6 +277,8 @@ async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
             done.left_out.append(LeftOut(item.id, row["message_id"] if row else "-", why))
         elif row is not None:
             done.rows.append(row)
+    said = await plan_changes.explain(conn, planned.at, changed)
+    done.left_out += [LeftOut(row["id"], row["message_id"], said[row["id"]]) for row in changed]
     if group is not None:
         done.left_out += await _newcomers(conn, planned, group)
     return done

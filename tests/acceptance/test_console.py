@@ -3,8 +3,14 @@ CSRF token, only authorised operators replay or close, and the pages' contents."
 
 from __future__ import annotations
 
+import html
+import re
+from uuid import uuid4
+
 import pytest
 
+from service.adapters import postgres
+from service.adapters.postgres import ownership
 from tests.acceptance.console_support import csrf_of, log_in, running_console
 from tests.seeding import seed_dead_letters
 from tests.support import Stack, pg_connection
@@ -162,3 +168,92 @@ async def test_a_request_that_selects_nothing_changes_nothing_and_a_group_is_lis
     ]
     assert replays == 0
     assert [e["kind"] for e in events] == ["closed", "closed"]
+
+
+INSERT_COMMAND_RECORD = """
+INSERT INTO dead_letters (message_id, reservation_id, hold_until, error_class, give_up, reason,
+                          attempts, first_seen, last_seen, worker)
+VALUES ($1, $2, now(), 'db.unavailable', 'attempts-exhausted', 'r', 2, now(), now(), 'w')
+RETURNING id
+"""
+
+
+async def _command_records(stack: Stack, *message_ids: str) -> list[int]:
+    """Dead letters whose commands a replay rebuilds from their records."""
+    async with pg_connection(stack.database_url) as conn:
+        return [await conn.fetchval(INSERT_COMMAND_RECORD, m, uuid4()) for m in message_ids]
+
+
+async def test_acts_an_operator_may_not_do_are_not_offered_and_still_refused(
+    stack: Stack,
+) -> None:
+    """eve, not in EXPIRY_REPLAY_OPERATORS, is offered no replay, close or reopen (on a dead
+    letter, on its group, on a replay's dry run) and no sessions page, with a line saying
+    why; alice is offered them; eve's hand-made confirmation is still refused (403)."""
+    [record_id] = await _command_records(stack, "m-1")
+    guarded = ('id="replay-one"', 'id="close"', 'id="reopen"')
+    async with running_console(stack) as console:
+        async with console.client() as eve:
+            await log_in(eve, "eve")
+            shown = (await eve.get(f"/dead-letters/{record_id}")).text
+            assert not [button for button in guarded if button in shown], shown
+            assert 'id="assign"' in shown
+            assert 'id="note"' in shown
+            assert "'eve' may not replay, close or reopen" in html.unescape(shown)
+            assert 'id="may-not"' in shown
+            assert 'href="/sessions"' not in shown
+            listing = (await eve.get("/dead-letters")).text
+            assert 'class="replay-group"' not in listing
+            assert 'class="close-group"' not in listing
+            assert 'class="assign-group"' in listing
+            assert 'id="may-not"' in listing
+            token = await csrf_of(eve, "/dead-letters")
+            dry = await eve.post("/replay", data={"csrf": token, "key": str(record_id)})
+            assert dry.status_code == 200, dry.text
+            assert "would-republish" in dry.text
+            assert 'id="confirm"' not in dry.text
+            assert 'id="may-not"' in dry.text
+            plan = f"{record_id}:1"
+            confirm = {"csrf": token, "key": str(record_id), "step": "confirm", "plan": plan}
+            assert (await eve.post("/replay", data=confirm)).status_code == 403
+        async with console.client() as alice:
+            await log_in(alice, "alice")
+            shown = (await alice.get(f"/dead-letters/{record_id}")).text
+            assert all(button in shown for button in guarded)
+            assert 'id="may-not"' not in shown
+            assert 'href="/sessions"' in shown
+            listing = (await alice.get("/dead-letters")).text
+            assert 'class="replay-group"' in listing
+            assert 'class="close-group"' in listing
+            token = await csrf_of(alice, "/dead-letters")
+            dry = await alice.post("/replay", data={"csrf": token, "key": str(record_id)})
+            assert 'id="confirm"' in dry.text
+    async with pg_connection(stack.database_url) as conn:
+        replays = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
+        status = await conn.fetchval("SELECT status FROM dead_letters WHERE id = $1", record_id)
+    assert [(r["operator"], r["outcome"]) for r in replays] == [("eve", "refused")]
+    assert status == "dead"
+
+
+async def test_a_confirmation_names_what_changed_in_a_dead_letter_it_leaves_out(
+    stack: Stack,
+) -> None:
+    """A group's replay is dry-run in the console; one of its dead letters is given an owner
+    before the confirmation, which replays the other and leaves that one out saying what
+    changed and who changed it, not merely its status."""
+    first, second = await _command_records(stack, "m-1", "m-2")
+    async with running_console(stack) as console, console.client() as alice:
+        await log_in(alice, "alice")
+        token = await csrf_of(alice, "/dead-letters")
+        group = {"csrf": token, "scope": "group", "error_class": "db.unavailable"}
+        dry = await alice.post("/replay", data=group)
+        assert dry.status_code == 200, dry.text
+        form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', dry.text.split("<form")[-1]))
+        async with pg_connection(stack.database_url) as conn:
+            await ownership.assign(conn, second, "team-db", postgres.Actor("bob", "root", "h"))
+        done = await alice.post("/replay", data=form)
+        assert done.status_code == 200, done.text
+        result = html.unescape(done.text)
+        assert f"republished      #{first}" in result
+        assert f"left out #{second}" in result
+        assert "changed since the dry run: owner set to team-db (by bob)" in result

@@ -111,7 +111,10 @@ async def test_dead_letters_are_recorded_listed_shown_and_replayed(stack: Stack)
         status = await conn.fetchval(
             "SELECT status FROM dead_letters WHERE id = $1", exhausted["id"]
         )
-    assert [(a["operator"], a["outcome"]) for a in audit] == [("alice", "republished")]
+    assert [(a["operator"], a["outcome"]) for a in audit] == [
+        ("", "refused"),  # the replay without --operator
+        ("alice", "republished"),
+    ]
     assert status == "replayed"
 
     shown = deadletters(stack, "show", str(exhausted["id"]))
@@ -345,3 +348,43 @@ async def test_the_recorder_gives_a_default_owner_audited_and_keeps_its_policy(
         default[:3],
         ("assigned", "carol", "carol-desk"),
     ]
+
+
+INSERT_COMMAND_RECORD = """
+INSERT INTO dead_letters (message_id, reservation_id, hold_until, error_class, give_up, reason,
+                          attempts, first_seen, last_seen, worker)
+VALUES ($1, $2, now(), 'db.unavailable', 'attempts-exhausted', 'r', 2, now(), now(), 'w')
+RETURNING id
+"""
+
+
+async def test_a_replay_without_an_operator_is_refused_and_audited_as_unnamed(
+    stack: Stack,
+) -> None:
+    """No --operator: refused with one line (exit 2), nothing republished, and the refusal
+    audited on each dead letter it selected: the operator recorded empty (``show`` says
+    "(none given)"), the database user, the OS user and the host saying who ran it."""
+    async with pg_connection(stack.database_url) as conn:
+        first = await conn.fetchval(INSERT_COMMAND_RECORD, "m-1", uuid4())
+        second = await conn.fetchval(INSERT_COMMAND_RECORD, "m-2", uuid4())
+    for argv in (["replay", str(first)], ["replay", "--all", "--yes"], ["replay", "m-9"]):
+        refused = deadletters(stack, *argv)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        said = [line for line in refused.stderr.splitlines() if not line.startswith("{")]
+        assert len(said) == 1, refused.stderr  # one line (and the JSON log's warning)
+        assert "needs --operator NAME" in said[0]
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch(
+            "SELECT dead_letter_id, operator, outcome, detail, db_user, os_user, client_host "
+            "FROM dead_letter_replays ORDER BY id"
+        )
+        still = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE status = 'dead'")
+    # One row for the named one, one for each of the group (m-9 names none: nothing to audit).
+    assert sorted(a["dead_letter_id"] for a in audit) == sorted([first, first, second])
+    assert {(a["operator"], a["outcome"]) for a in audit} == {("", "refused")}
+    assert all("--operator" in a["detail"] for a in audit)
+    assert all(a["db_user"] == "postgres" and a["os_user"] and a["client_host"] for a in audit)
+    assert still == 2
+    shown = deadletters(stack, "show", str(first))
+    assert "(none given)" in shown.stdout, shown.stdout

@@ -4,8 +4,11 @@ database and broker, with the command line's and the console's own code."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import aio_pika
 import pytest
@@ -17,6 +20,7 @@ from service.ops import plans
 from tests.seeding import seed_dead_letters
 from tests.support import (
     Stack,
+    as_role,
     drain_queue,
     pg_connection,
     queue_depth,
@@ -40,8 +44,9 @@ async def _record(conn: Any, message_id: str, error_class: str = "db.unavailable
 
 
 def deadletters(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m service.deadletters`` against the stack; alice may replay and close."""
-    return run_module("service.deadletters", *args, env=stack.env(EXPIRY_REPLAY_OPERATORS="alice"))
+    """``python -m service.deadletters`` against the stack; alice and bob may replay and close."""
+    env = stack.env(EXPIRY_REPLAY_OPERATORS="alice,bob")
+    return run_module("service.deadletters", *args, env=env)
 
 
 async def test_a_confirmed_plan_acts_on_the_listed_dead_letters_only_and_only_once(
@@ -64,7 +69,7 @@ async def test_a_confirmed_plan_acts_on_the_listed_dead_letters_only_and_only_on
         assert sorted(row["id"] for row in confirmed.rows) == [ids[0], ids[2]]
         why = {left.id: left.why for left in confirmed.left_out}
         assert set(why) == {ids[1], newcomer}
-        assert "changed since the dry run" in why[ids[1]]
+        assert why[ids[1]] == "changed since the dry run: owner set to team-db (by alice)"
         assert "not in the dry run" in why[newcomer]
         assert other not in why
 
@@ -176,3 +181,155 @@ async def test_the_dry_run_and_show_say_what_todays_retry_policy_changes(stack: 
     as_then = stack.env(EXPIRY_MAX_ATTEMPTS="5", EXPIRY_MAX_AGE_SECONDS=str(then.max_age_seconds))
     same = run_module("service.deadletters", "show", "m-kept", env=as_then)
     assert "dead-lettered under:\n  the same" in same.stdout, same.stdout
+
+
+INSERT_COMMAND_RECORD = """
+INSERT INTO dead_letters (message_id, reservation_id, hold_until, error_class, give_up, reason,
+                          attempts, first_seen, last_seen, worker)
+VALUES ($1, $2, now(), 'db.unavailable', 'attempts-exhausted', 'r', 2, now(), now(), 'w')
+RETURNING id
+"""
+BOB = postgres.Actor("bob", "root", "test-host")
+LEFT_OUT = re.compile(r"^left out #(\d+)  ")
+
+
+async def _command_record(conn: Any, message_id: str) -> int:
+    """A dead letter whose command a replay rebuilds from its record (not in the queue)."""
+    record_id: int = await conn.fetchval(INSERT_COMMAND_RECORD, message_id, uuid4())
+    return record_id
+
+
+async def _statuses(stack: Stack) -> dict[int, str]:
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT id, status FROM dead_letters")
+    return {row["id"]: row["status"] for row in rows}
+
+
+async def test_a_saved_dry_run_replays_exactly_what_it_listed_and_names_the_rest(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """``replay --all --dry-run --json`` saved to a file, then ``replay --plan FILE``: of
+    the four it listed only the one still as it was is replayed; one given an owner since,
+    one replayed since and one gone are left out naming what changed, and the two that
+    arrived since are left out as not in the dry run (``--all --yes`` would take them)."""
+    async with pg_connection(stack.database_url) as conn:
+        ids = [await _command_record(conn, f"m-{n}") for n in range(4)]
+    dry = deadletters(
+        stack, "replay", "--all", "--error-class", "db.unavailable", "--dry-run", "--json",
+        "--operator", "alice",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    saved = tmp_path / "plan.json"
+    saved.write_text(dry.stdout)
+    assert sorted(entry["id"] for entry in json.loads(dry.stdout)["plan"]) == ids
+
+    async with pg_connection(stack.database_url) as conn:
+        newcomers = [await _command_record(conn, f"m-new-{n}") for n in range(2)]
+        await ownership.assign(conn, ids[1], "team-db", BOB)
+        await conn.execute("DELETE FROM dead_letters WHERE id = $1", ids[3])
+    by_bob = deadletters(stack, "replay", str(ids[2]), "--operator", "bob")
+    assert by_bob.returncode == 0, by_bob.stdout + by_bob.stderr
+
+    done = deadletters(stack, "replay", "--plan", str(saved), "--operator", "alice")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith("republished")] == [
+        ["republished", f"#{ids[0]}"]
+    ]
+    left = {int(m.group(1)): line for line in lines if (m := LEFT_OUT.match(line))}
+    assert set(left) == {ids[1], ids[2], ids[3], *newcomers}
+    assert "changed since the dry run: owner set to team-db (by bob)" in left[ids[1]]
+    assert "changed since the dry run: replayed (by bob)" in left[ids[2]]
+    assert "no longer exists" in left[ids[3]]
+    assert all("not in the dry run" in left[n] for n in newcomers)
+    now = await _statuses(stack)
+    assert (now[ids[0]], now[ids[1]], now[ids[2]]) == ("replayed", "dead", "replayed")
+    assert [now[n] for n in newcomers] == ["dead", "dead"]
+    assert await queue_depth(stack.amqp_url, "expirations") == 2  # bob's, and the plan's one
+
+    again = deadletters(stack, "replay", "--plan", str(saved), "--operator", "alice", "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    machine = json.loads(again.stdout)
+    assert machine["results"] == []
+    assert {entry["id"] for entry in machine["left_out"]} == {*ids, *newcomers}
+    assert await queue_depth(stack.amqp_url, "expirations") == 2
+
+
+async def test_a_plan_file_that_is_not_a_dry_runs_is_refused_and_replays_nothing(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A missing, malformed or forged plan file, or one given with a group's filters or
+    ``--dry-run``: refused with one line (exit 2), nothing replayed, nothing audited."""
+    async with pg_connection(stack.database_url) as conn:
+        first = await _command_record(conn, "m-1")
+    dry = deadletters(stack, "replay", str(first), "--dry-run", "--json", "--operator", "alice")
+    good = json.loads(dry.stdout)
+    forged = {**good, "plan": [{**good["plan"][0], "revision": "1;DROP"}]}
+    files = {
+        "missing.json": None,
+        "text.json": "replay everything",
+        "forged.json": json.dumps(forged),
+        "twice.json": json.dumps({**good, "plan": good["plan"] * 2}),
+        "good.json": json.dumps(good),
+    }
+    for name, text in files.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+    attempts = [
+        ["--plan", str(tmp_path / "missing.json")],
+        ["--plan", str(tmp_path / "text.json")],
+        ["--plan", str(tmp_path / "forged.json")],
+        ["--plan", str(tmp_path / "twice.json")],
+        ["--plan", str(tmp_path / "good.json"), "--error-class", "db.unavailable"],
+        ["--plan", str(tmp_path / "good.json"), "--dry-run"],
+    ]
+    for argv in attempts:
+        refused = deadletters(stack, "replay", *argv, "--operator", "alice")
+        said = [line for line in refused.stderr.splitlines() if not line.startswith("{")]
+        assert refused.returncode == 2, (argv, refused.stdout, refused.stderr)
+        assert len(said) == 1, (argv, refused.stderr)
+        assert "refused:" in said[0], argv
+        assert refused.stdout == "", argv
+    assert await queue_depth(stack.amqp_url, "expirations") == 0
+    async with pg_connection(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM dead_letter_replays") == 0
+    assert (await _statuses(stack))[first] == "dead"
+
+
+async def test_a_saved_plan_and_an_unnamed_refusal_work_as_the_operators_role(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """As ``expiry_operator`` (least privilege): a dry run saved and replayed with --plan
+    names the owner given since (it reads the audit trail), and a replay without
+    --operator is refused and audited, the database recording the role."""
+    async with pg_connection(stack.database_url) as conn:
+        first, second = [await _command_record(conn, f"m-{n}") for n in range(2)]
+    env = stack.env(
+        DATABASE_URL=as_role(stack.database_url, "expiry_operator"),
+        EXPIRY_REPLAY_OPERATORS="alice",
+    )
+
+    def operator(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_module("service.deadletters", *args, env=env)
+
+    dry = operator("replay", "--all", "--dry-run", "--json", "--operator", "alice")
+    assert dry.returncode == 0, dry.stderr
+    saved = tmp_path / "plan.json"
+    saved.write_text(dry.stdout)
+    assigned = operator("assign", str(second), "--text", "team-db", "--operator", "bob")
+    assert assigned.returncode == 0, assigned.stdout + assigned.stderr
+    done = operator("replay", "--plan", str(saved), "--operator", "alice")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"republished      #{first}" in done.stdout
+    assert f"left out #{second}" in done.stdout
+    assert "owner set to team-db (by bob)" in done.stdout
+    unnamed = operator("replay", str(second))
+    assert unnamed.returncode == 2, unnamed.stdout + unnamed.stderr
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch(
+            "SELECT dead_letter_id, operator, outcome, db_user FROM dead_letter_replays ORDER BY id"
+        )
+    assert [tuple(row) for row in audit] == [
+        (first, "alice", "republished", "expiry_operator"),
+        (second, "", "refused", "expiry_operator"),
+    ]

@@ -11,6 +11,7 @@ import pytest
 
 from service import deadletters
 from service.adapters import postgres
+from service.core.errors import UsageError
 from service.ops import dead_letters
 from service.ops.dead_letters import render_table
 from service.settings import Settings
@@ -81,3 +82,46 @@ def test_only_listed_operators_may_replay() -> None:
     assert "may not replay" in str(
         dead_letters.refusal(Settings(replay_operators=("alice",)), actor)
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--all", "--error-class", "", "--operator", "alice"],
+        ["replay", "--all", "--give-up", "   ", "--operator", "alice"],
+        ["close", "--all", "--error-class", " ", "--text", "x", "--operator", "alice"],
+        ["assign", "--all", "--give-up", "", "--text", "x", "--operator", "alice"],
+    ],
+)
+def test_an_empty_group_filter_is_refused_not_shown_as_any(argv: list[str]) -> None:
+    """An empty or blank --error-class or --give-up would select nothing while the group
+    read "any": it is refused with one line instead."""
+    args = deadletters.build_parser().parse_args(argv)
+    with pytest.raises(UsageError, match="is empty") as refused:
+        deadletters.selection_of(args)
+    assert "\n" not in str(refused.value)
+
+
+async def test_list_refuses_an_empty_error_class_before_reading_anything() -> None:
+    """``list --error-class ''`` is refused with one line before the database is opened."""
+    args = deadletters.build_parser().parse_args(["list", "--error-class", " "])
+    nowhere = Settings(database_url="postgresql://nobody@127.0.0.1:9/none")
+    with pytest.raises(UsageError, match="--error-class is empty"):
+        await deadletters.list_command(nowhere, args)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "--limit", "0"],
+        ["list", "--limit", "-3"],
+        ["replay", "--all", "--limit", "0", "--operator", "alice"],
+        ["close", "--all", "--limit", "-1", "--text", "x", "--operator", "alice"],
+    ],
+)
+def test_a_limit_below_one_is_refused(argv: list[str]) -> None:
+    """A limit of zero or less would list nothing (or fail in the database, or quietly
+    become one): refused by the parser, exit 2."""
+    with pytest.raises(SystemExit) as refused:
+        deadletters.build_parser().parse_args(argv)
+    assert refused.value.code == 2

@@ -185,3 +185,22 @@ def test_a_dry_run_changes_nothing_and_says_what_would_happen() -> None:
     assert replay.report_lines(results, dry_run=True)[-1] == (
         "replay (dry run): 1 selected, 1 would-republish"
     )
+
+
+def test_a_replay_refused_without_an_operator_shows_as_none_given() -> None:
+    """A refusal audited without --operator records the operator empty: ``show`` names it
+    "(none given)", the machine form keeps it as recorded."""
+    refusal = {
+        "at": datetime(2026, 1, 1, tzinfo=UTC),
+        "operator": "",
+        "db_user": "expiry_operator",
+        "os_user": "root",
+        "client_host": "ops-1",
+        "outcome": "refused",
+        "detail": "this needs --operator NAME",
+    }
+    detail = dead_letters.Detail({"id": 7}, replays=[refusal])
+    text = "\n".join(detail.lines()).splitlines()
+    [row] = [line for line in text if line.endswith("refused  this needs --operator NAME")]
+    assert row.split()[1:3] == ["(none", "given)"]
+    assert detail.as_json()["replays"][0]["operator"] == ""

@@ -106,3 +106,12 @@ def test_a_planned_record_is_acted_on_only_as_the_dry_run_saw_it(
     """Gone, changed, or (a forged plan) outside the selection: left out, with why."""
     found = plans._unfit(now, Planned(7, "100"), "replay", group, keys)
     assert (found is None) if why is None else (found is not None and why in found)
+
+
+@pytest.mark.parametrize("values", [{"error_class": ""}, {"give_up": "  "}, {"status": ""}])
+def test_a_group_with_an_empty_filter_is_refused(values: dict[str, str]) -> None:
+    """An empty value would select nothing while the group read "any": refused; None is
+    the "any" a group means."""
+    with pytest.raises(UsageError, match="is empty"):
+        Group(**values)
+    assert Group().describe() == "error class any, give-up any, status any open"
