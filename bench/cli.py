@@ -23,8 +23,8 @@ from bench.config import PHASES, Endpoints, Options, endpoints_from
 from bench.limits import Limits
 from bench.machine import Machine, describe
 from bench.measurements import Bench
-from bench.procs import Processes, child_env
-from bench.sandbox import Sandbox, created, new_name
+from bench.procs import Processes
+from bench.sandbox import Sandbox, deployed, new_name
 from bench.supervisor import Supervisor
 from bench.targets import other_ratios, targets
 from service.cli import positive
@@ -92,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="EXPIRY_NAME=VALUE",
         help="a service setting for every scan and consumer (repeatable); default: none",
     )
+    add(
+        "--relays",
+        type=positive(int),
+        default=1,
+        help="relays beside the consumers in the phases relay and events-latency (1)",
+    )
     add("--quick", action="store_true", help="small sizes for a smoke run (one repetition)")
     add(
         "--only",
@@ -136,6 +142,7 @@ def options_from(args: argparse.Namespace) -> Options:
         json_path=args.json,
         overrides=tuple(args.env),
         only=tuple(sorted(args.only)),
+        relays=args.relays,
     )
 
 
@@ -164,6 +171,8 @@ def introduce(options: Options, sandbox: Sandbox, machine: Machine, logs: Path) 
     for line in machine.lines():
         say(line)
     say(f"  consumer    service defaults: {consumer_defaults()}")
+    if options.relays > 1:
+        say(f"  relays      {options.relays} in the phases relay and events-latency")
     if options.overrides:
         say(f"  overrides   {', '.join(f'{k}={v}' for k, v in options.overrides)}")
     say(f"  sandbox     database and vhost {sandbox.database}; logs {logs}")
@@ -223,21 +232,8 @@ async def measured(
 ) -> tuple[Machine, report.Results]:
     """Create the sandbox, migrate it and declare its topology (as a deploy does), measure;
     stop every process and remove the sandbox."""
-    async with created(endpoints, name, say) as sandbox:
-        env = child_env(
-            os.environ,
-            database_url=sandbox.database_url,
-            amqp_url=sandbox.amqp_url,
-            management_url=endpoints.management_url,
-            overrides=options.overrides,
-        )
-        procs = Processes(env, logs)
-        try:
-            await procs.run("000-migrate", "service.migrate", timeout=120)
-            await procs.run("001-declare", "service.declare", timeout=120)
-            return await _measure(options, sandbox, procs, logs)
-        finally:
-            await procs.stop_all()
+    async with deployed(endpoints, name, logs, say, options.overrides) as (sandbox, procs):
+        return await _measure(options, sandbox, procs, logs)
 
 
 async def _measure(

@@ -44,6 +44,9 @@ PHASES = (
     "sustained",
     "capacity",
     "scanners",
+    "events",
+    "relay",
+    "events-latency",
     "scan-memory",
 )
 
@@ -63,6 +66,7 @@ class Options:
     json_path: Path | None
     overrides: tuple[tuple[str, str], ...] = ()  # EXPIRY_* settings for every service process
     only: tuple[str, ...] = ()  # the phases to run (empty: all); the limits always run
+    relays: int = 1  # relays of the events' phases that run one beside the consumers
 
     def runs(self, phase: str) -> bool:
         """Whether ``phase`` (one of ``PHASES``) is measured in this run."""

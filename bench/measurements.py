@@ -148,7 +148,7 @@ class Bench:
         scan = await self.scan(self.options.holds, scan_env)
         children = await self.supervisor.consumers(consumers, env or {})
         try:
-            run = await self._work_off(children, self.options.holds)
+            run = await self.work_off(children, self.options.holds)
         finally:
             await self.supervisor.stop(children)
         return scan, run
@@ -181,7 +181,7 @@ class Bench:
             # From its first expiry: its processes' start (imports) is not the job. One
             # worker id for all its processes: its start spread is 0.
             await self.supervisor.until_expired([worker], 1)
-            return await self._work_off([worker], holds)
+            return await self.work_off([worker], holds)
         finally:
             # Dramatiq's own exit code on SIGTERM is its own.
             await self.supervisor.stop([worker], check=False)
@@ -226,7 +226,7 @@ class Bench:
             for scanner in scans:
                 await self.supervisor.first_scan(scanner, children)
             await db.insert_spread(self.conn, holds, lead=SUSTAINED_LEAD_SECONDS, rate=rate)
-            run = await self._work_off(children, holds, also=scans)
+            run = await self.work_off(children, holds, also=scans)
         finally:
             await self.supervisor.stop([*scans, *children])
         passes = [scan_passes(scanner.log) for scanner in scans]
@@ -238,7 +238,7 @@ class Bench:
             sum(_rate(p) for p in passes),  # scanners side by side: their rates add up
         )
 
-    async def _work_off(
+    async def work_off(
         self, consumers: Sequence[Child], expected: int, also: Sequence[Child] = ()
     ) -> ConsumeRun:
         """Wait until ``expected`` holds expired; the consumers' CPU over that time (with

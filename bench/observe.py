@@ -85,7 +85,11 @@ class Store:
     batches: list[int] = field(default_factory=list)
 
     async def expire_many(
-        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+        self,
+        ids: Sequence[UUID],
+        message_ids: Sequence[str],
+        attempts: Sequence[int],
+        traceparents: Sequence[str | None],
     ) -> dict[UUID, BatchRow]:
         self.batches.append(len(ids))
         await asyncio.sleep(0)

@@ -4,74 +4,24 @@ measurements and records their figures, with a line of progress for each."""
 from __future__ import annotations
 
 import importlib.util
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 
+from bench import event_phases
 from bench.config import Options
 from bench.limits import Limits
-from bench.measurements import Bench, ConsumeRun, ScanRun
+from bench.measurements import Bench
+from bench.recording import (
+    Say,
+    consumers_label,
+    free_port,
+    machine_line,
+    record_consume,
+    record_machine,
+    record_scan,
+)
 from bench.report import Results
 
-Say = Callable[[str], None]
-
 PER_MESSAGE_ENV = {"EXPIRY_BATCH_SIZE": "1"}
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a consumer's metrics endpoint)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def consumers_label(count: int) -> str:
-    return f"{count} consumer{'s' if count > 1 else ''}"
-
-
-def record_scan(results: Results, scan: ScanRun, say: Say) -> None:
-    results.add("scan.rate", "scan publish rate (produce --scan)", "/s", scan.rate)
-    results.add("scan.rss", "  scan peak RSS", "MB", scan.usage.peak_rss_mb)
-    say(
-        f"  scan             {scan.published:,} due holds in {scan.seconds:.2f}s: "
-        f"{scan.rate:,.0f}/s, peak RSS {scan.usage.peak_rss_mb:.0f} MB"
-    )
-
-
-def record_consume(results: Results, key: str, label: str, run: ConsumeRun, say: Say) -> None:
-    results.add(f"e2e.{key}", f"end-to-end expirations/s, {label}", "/s", run.window.rate)
-    results.add(f"cpu.{key}", "  consumer CPU, share of one core", "%", run.cpu_share * 100)
-    results.add(f"cpu_us.{key}", "  consumer CPU per expiry", "us", run.cpu_us_per_expiry)
-    results.add(f"rss.{key}", "  consumer peak RSS", "MB", run.peak_rss_mb)
-    record_machine(results, key, run)
-    say(
-        f"  consume          {label}: {run.window.expired:,} in {run.window.seconds:.2f}s: "
-        f"{run.window.rate:,.0f}/s, CPU {run.cpu_share:.0%} of a core per process, "
-        f"{run.cpu_us_per_expiry:,.0f} us/expiry, peak RSS {run.peak_rss_mb:.0f} MB"
-        + (f", first expiries {run.start_spread:.2f}s apart" if run.consumers > 1 else "")
-    )
-    say(f"                   {machine_line(run)}")
-
-
-SERVERS = {"postgresql": ("pg", "PostgreSQL"), "rabbitmq": ("rmq", "RabbitMQ node")}
-
-
-def record_machine(results: Results, key: str, run: ConsumeRun) -> None:
-    shares = run.machine
-    results.add(f"machine.{key}", "  machine CPU busy, all cores", "%", shares.machine_busy * 100)
-    for group, cores in shares.cores.items():
-        prefix, name = SERVERS[group]
-        results.add(f"{prefix}.{key}", f"  {name} CPU, cores", "cores", cores)
-
-
-def machine_line(run: ConsumeRun) -> str:
-    shares = run.machine
-    servers = "".join(
-        f"{SERVERS[group][1]} {cores:.2f} cores, " for group, cores in shares.cores.items()
-    )
-    return (
-        f"machine CPU {shares.machine_busy:.0%} busy: {servers}"
-        f"consumers {run.cpu_seconds / shares.seconds:.2f} cores"
-    )
 
 
 async def raw_limits(limits: Limits, results: Results, say: Say) -> None:
@@ -119,6 +69,9 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
         "sustained": lambda: sustained(bench, options, results, say),
         "capacity": lambda: capacity(bench, options, results, say),
         "scanners": lambda: capacity(bench, options, results, say, scanners=2),
+        "events": lambda: event_phases.events(bench, results, say),
+        "relay": lambda: event_phases.relay(bench, results, say),
+        "events-latency": lambda: event_phases.latency(bench, options, results, say),
     }
     for phase, run in phases.items():
         if options.runs(phase):

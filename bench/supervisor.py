@@ -2,10 +2,11 @@
 while the work is done, and stopped with its exit code checked.
 
 Consumers are ready once they are attached to the work queue, a scanner on a timer once
-it has reported its first pass, the OTLP sink once it has written the port it listens
-on; the work is done once the expected holds have expired (no progress for a minute
-past the sustained run's duration fails the run). ``bench.procs`` starts and stops the
-processes themselves; this module knows what each role is waited for.
+it has reported its first pass, a relay once it listens and has started, the OTLP sink
+once it has written the port it listens on; the work is done once the expected holds
+have expired (no progress for a minute past the sustained run's duration fails the run).
+``bench.procs`` starts and stops the processes themselves; this module knows what each
+role is waited for.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ SCAN_TIMEOUT_SECONDS = 900.0
 STALL_SECONDS = 60.0  # no expiry for this long: the run has failed
 POLL_SECONDS = 0.1
 SINK_READY_SECONDS = 30.0
+# A relay is ready once it listens for the consumers' wake-ups and has started its drain.
+RELAY_READY = ("relay.listening", "relay.started")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,17 @@ class Supervisor:
             while "scan: published" not in scanner.log.read_text(errors="replace"):
                 self.procs.check_alive([scanner, *children])
                 await asyncio.sleep(POLL_SECONDS)
+
+    async def relay(self, env: Mapping[str, str] | None = None) -> Child:
+        """``python -m service.relay`` (with ``env``), once it listens and has started."""
+        child = self.start(
+            "relay", "service.relay", env={**(env or {}), "EXPIRY_WORKER_ID": "bench-relay"}
+        )
+        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
+            while not all(m in child.log.read_text(errors="replace") for m in RELAY_READY):
+                self.procs.check_alive([child])
+                await asyncio.sleep(POLL_SECONDS / 2)
+        return child
 
     @contextlib.asynccontextmanager
     async def sink(self, what: str) -> AsyncIterator[Sink]:

@@ -38,6 +38,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'expiry_operator') THEN
         CREATE ROLE expiry_operator LOGIN PASSWORD 'operator-change-me';
     END IF;
+    -- python -m service.relay (its LISTEN needs a direct connection: docs/deployment.md)
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'expiry_relay') THEN
+        CREATE ROLE expiry_relay LOGIN PASSWORD 'relay-change-me';
+    END IF;
 END
 $$;
 
@@ -52,7 +56,7 @@ ALTER DATABASE expiry OWNER TO expiry_owner;
 -- Only the service's roles may connect, and none may create temporary tables
 -- (PUBLIC may do both by default). The owner keeps every right on its database.
 REVOKE ALL ON DATABASE expiry FROM PUBLIC;
-GRANT CONNECT ON DATABASE expiry TO expiry_consumer, expiry_scan, expiry_operator;
+GRANT CONNECT ON DATABASE expiry TO expiry_consumer, expiry_scan, expiry_operator, expiry_relay;
 
 \connect expiry
 

@@ -1,4 +1,5 @@
-"""``python -m service.verify``: prove from the database alone that each effect happened once.
+"""``python -m service.verify``: prove from the database alone that each effect happened once
+(and that each expiry since the outbox exists has exactly one event, none pending too long).
 
 The checks are ``service/ops/verification.py``'s. The first line is the
 verdict; then the counts and each check with its violations. Exits 0 when
@@ -16,7 +17,7 @@ from service.adapters import postgres
 from service.adapters.postgres.schema import schema_state
 from service.cli import run_command
 from service.ops.health import MIGRATE_COMMAND
-from service.ops.verification import EXIT_NOT_MIGRATED, verify
+from service.ops.verification import EXIT_NOT_MIGRATED, pending_bound, verify
 from service.settings import Settings
 
 
@@ -25,7 +26,15 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         schema = await schema_state(conn)
         if not schema.current:
             return _not_migrated(schema.describe(), list(schema.missing), args)
-        verdict = await verify(conn, limit=args.limit, scan_interval=settings.scan_interval_seconds)
+        verdict = await verify(
+            conn,
+            limit=args.limit,
+            scan_interval=settings.scan_interval_seconds,
+            pending_bound=pending_bound(
+                lease_seconds=settings.relay_lease_seconds,
+                objective_seconds=settings.events_objective_seconds,
+            ),
+        )
     if args.json:
         print(json.dumps(verdict.as_json(), indent=2))
     else:
@@ -48,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m service.verify",
         description=(
-            "Check from the database alone that every expiry happened exactly once. Exit 0 "
+            "Check from the database alone that every expiry happened exactly once and has "
+            "exactly one event (none pending for over an hour). Exit 0 "
             "proven; 1 a violation; 4 no violation, but due holds await a scan; 5 the "
             "database is not migrated."
         ),

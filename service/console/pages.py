@@ -58,6 +58,16 @@ class Overview:
     def objective(self) -> str:
         return human(self.status.objective_seconds)
 
+    @property
+    def oldest_event(self) -> str:
+        """The oldest pending event's age (``-``: none pending, or not read)."""
+        events = self.status.events
+        return "-" if events is None or not events.count else human(events.oldest_age_seconds)
+
+    @property
+    def events_objective(self) -> str:
+        return human(self.status.events_objective_seconds)
+
 
 async def read_overview(
     pool: postgres.Pool, settings: Settings, broker: AbstractRobustConnection | None

@@ -8,6 +8,7 @@
     consume ──► [expirations.retry] ──<slot>──► (expirations.retry.<slot>)
     consume ──► [expirations.dead]  ──dead──► (expirations.dead)      kept for replay
                                       └─dead──► (expirations.dead.log)  -> records
+    relay   ──► [expiry.events] ──reservation.expired──► (each reader's own queue)
 
 Every queue is a quorum queue. A delay queue has a fixed TTL and dead-letters
 back to ``expirations`` when it runs out, so delays live in the broker; each
@@ -44,6 +45,10 @@ DEAD_ROUTING_KEY = "dead"
 # writes the operator's dead-letter record; expirations.dead itself is left
 # alone for inspection and replay.
 DEAD_LOG_QUEUE = "expirations.dead.log"
+# What other services learn (../shared/CONTRACT.md, "Events"): the relay publishes one
+# event per expiry here; each reader binds a queue of its own.
+EVENTS_EXCHANGE = "expiry.events"
+EVENT_ROUTING_KEY = "reservation.expired"
 
 # The last guard against a message that kills every consumer that takes it:
 # after this many deliveries the broker dead-letters it to expirations.dead.
@@ -63,6 +68,7 @@ QUORUM_INITIAL_GROUP_SIZE = 3
 
 ArgValue = str | int
 DIRECT = "direct"
+TOPIC = "topic"
 
 
 def slot_delays_ms(delay_seconds: int, jitter: float, slots: int) -> tuple[int, ...]:
@@ -202,9 +208,16 @@ def build_topology(retry_delays: tuple[int, ...], *, jitter: float, slots: int) 
             ExchangeSpec(EXCHANGE),
             ExchangeSpec(RETRY_EXCHANGE),
             ExchangeSpec(DEAD_EXCHANGE),
+            *events_topology().exchanges,
         ),
         queues=(work, *delays, dead, dead_log),
     )
+
+
+def events_topology() -> Topology:
+    """The part of the topology the relay publishes to, and checks at its start: the
+    events exchange (each reader binds a queue of its own; none is the service's)."""
+    return Topology(exchanges=(ExchangeSpec(EVENTS_EXCHANGE, TOPIC),), queues=())
 
 
 def definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ AUDIT_TABLES = (
     "dead_letter_events",
     "dead_letter_replays",
     "console_logins",
+    "expiry_events_sent",
 )
 
 

@@ -15,8 +15,9 @@ from datetime import datetime
 from enum import StrEnum
 
 from service.adapters.postgres.leases import ScanPass
+from service.adapters.postgres.outbox import Pending
 from service.adapters.postgres.partitions import Retained
-from service.adapters.telemetry.metrics import Backlog
+from service.adapters.telemetry.readings import Backlog
 from service.core.durations import human
 from service.core.topology import QUEUE, RETRY_EXCHANGE
 
@@ -37,6 +38,7 @@ VERDICTS = {
 MIGRATE_COMMAND = "python -m service.migrate"
 DECLARE_COMMAND = "python -m service.declare"
 RETENTION_COMMAND = "python -m service.retention"
+RELAY_COMMAND = "python -m service.relay"
 RETRY_QUEUES = f"{RETRY_EXCHANGE}."
 
 
@@ -54,6 +56,7 @@ class Condition(StrEnum):
     SCAN_FAILING = "scan-failing"
     PARTITIONS_RUNNING_OUT = "partitions-running-out"
     RETENTION_NOT_RUN = "retention-not-run"
+    EVENTS_BEHIND = "events-behind"
 
 
 EXIT_CODES = {
@@ -68,6 +71,8 @@ EXIT_CODES = {
     Condition.SCAN_FAILING: EXIT_DEGRADED,
     Condition.PARTITIONS_RUNNING_OUT: EXIT_OBJECTIVE_MISSED,
     Condition.RETENTION_NOT_RUN: EXIT_DEGRADED,
+    # The events' objective missed, as the oldest due hold's is: a promise kept late.
+    Condition.EVENTS_BEHIND: EXIT_OBJECTIVE_MISSED,
 }
 # Retention: partitions must reach a week past now, and a run succeed once a day (counted
 # from when retention began, for a deployment that has never run it).
@@ -126,6 +131,8 @@ class Status:
     broker_error: str | None = None
     retention: Retained | None = None  # each table's size, the audit's range, the last run
     retention_began: datetime | None = None  # the migration that brought retention
+    events: Pending | None = None  # the outbox's backlog (None: not read)
+    events_objective_seconds: float = 60.0  # EXPIRY_EVENTS_OBJECTIVE_SECONDS
 
     @property
     def partitions_ahead_seconds(self) -> float | None:
@@ -147,6 +154,13 @@ class Status:
         if self.backlog is None:
             return None
         return self.backlog.oldest_due_age_seconds <= self.objective_seconds
+
+    @property
+    def events_objective_met(self) -> bool | None:
+        """The oldest pending event within its objective (None: not read)."""
+        if self.events is None:
+            return None
+        return self.events.oldest_age_seconds <= self.events_objective_seconds
 
     @property
     def open_dead_letters(self) -> int | None:
@@ -178,7 +192,7 @@ def assess(status: Status) -> list[Problem]:
     found = [*_database_problems(status), *_broker_problems(status)]
     if status.backlog is not None:
         found += [*_backlog_problems(status, status.backlog), *_scan_problems(status)]
-        found += _retention_problems(status)
+        found += [*_retention_problems(status), *_events_problems(status)]
     return sorted(found, key=lambda problem: SEVERITY.index(problem.exit_code))
 
 
@@ -301,6 +315,20 @@ def _retention_problems(status: Status) -> Iterator[Problem]:
             "the audit trail, leases and settled dead letters grow, and no partition is made ahead",
             f"Run {RETENTION_COMMAND} on a timer (compose's retention service), as the owner "
             "of the tables; its last line says why it fails",
+        )
+
+
+def _events_problems(status: Status) -> Iterator[Problem]:
+    events = status.events
+    if events is not None and not status.events_objective_met:
+        yield Problem(
+            Condition.EVENTS_BEHIND,
+            f"the oldest pending event is {human(events.oldest_age_seconds)} old, over the "
+            f"objective of {human(status.events_objective_seconds)}",
+            f"{events.count} event(s) wait in the outbox: other services have not learnt of "
+            "these expiries (nothing is lost: they are published once a relay runs)",
+            f"Events are not being published: start {RELAY_COMMAND}, or check it (its "
+            "relay.* log lines, RabbitMQ, the exchange expiry.events)",
         )
 
 

@@ -169,7 +169,19 @@ def _database_lines(status: Status) -> list[str]:
         f"oldest due hold   {human(backlog.oldest_due_age_seconds):>9}    {judged}",
         f"due backlog       {backlog.total:>9}    {buckets}",
         f"parked holds      {status.parked_holds:>9}    (dead letters closed: not scanned)",
+        *events_lines(status),
     ]
+
+
+def events_lines(status: Status) -> list[str]:
+    """The outbox's backlog: events written by expiries and not yet published."""
+    events = status.events
+    if events is None:
+        return []
+    objective = human(status.events_objective_seconds)
+    judged = "within" if status.events_objective_met else "OVER"
+    oldest = f"the oldest {human(events.oldest_age_seconds)} old, " if events.count else ""
+    return [f"pending events    {events.count:>9}    {oldest}{judged} the objective ({objective})"]
 
 
 def _queue_line(row: QueueRow, status: Status) -> str:
@@ -220,6 +232,19 @@ def as_json(status: Status) -> dict[str, Any]:
         "queues": [asdict(queue) for queue in status.queues],
         "broker_error": status.broker_error,
         "retention": _retention_json(status),
+        "events": _events_json(status),
+    }
+
+
+def _events_json(status: Status) -> dict[str, Any] | None:
+    events = status.events
+    if events is None:
+        return None
+    return {
+        "pending": events.count,
+        "oldest_pending_age_seconds": events.oldest_age_seconds,
+        "objective_seconds": status.events_objective_seconds,
+        "objective_met": status.events_objective_met,
     }
 
 

@@ -1,8 +1,8 @@
 """Reading a deployment's facts for ``health.assess``: the database's (the schema against
 the shipped migrations, the oldest due hold and the backlog, dead letters, parked holds,
-the scanners' last passes, what retention keeps) and the broker's (every queue's depth
-and consumers), both at once; a side that cannot be read is said in the status, not
-raised, and the other is still read."""
+the scanners' last passes, what retention keeps, the outbox's backlog) and the broker's
+(every queue's depth and consumers), both at once; a side that cannot be read is said in
+the status, not raised, and the other is still read."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from service.adapters import postgres
 from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
-from service.adapters.postgres import ownership, partitions
+from service.adapters.postgres import outbox, ownership, partitions
 from service.adapters.postgres.leases import last_passes, newest_publish_age
 from service.adapters.postgres.schema import schema_state
 from service.core.redaction import redact
@@ -37,6 +37,7 @@ def new_status(settings: Settings) -> Status:
     return Status(
         at=datetime.now(UTC).isoformat(timespec="seconds"),
         objective_seconds=settings.oldest_due_objective_seconds,
+        events_objective_seconds=settings.events_objective_seconds,
         scan_stall_seconds=2 * settings.scan_interval_seconds
         + settings.publish_timeout_seconds
         + SCAN_STALL_MARGIN_SECONDS,
@@ -82,6 +83,7 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.passes = await last_passes(conn, PASSES_READ)
     status.retention = await partitions.retained(conn)
     status.retention_began = await partitions.retention_began(conn)
+    status.events = await outbox.pending(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)
 

@@ -5,8 +5,12 @@ in the audit trail, that nothing left ``expired`` or ``consumed``, that nothing
 was expired before its deadline, and that no due ``held`` reservation was left
 without a live publish lease by a scan pass that succeeded after it became due.
 A due hold that no such pass has covered yet awaits a scan: not a violation,
-not proven either. The verdict holds the counts, the violations of each check
-and what awaits a scan, as lines (the verdict first) or as JSON.
+not proven either. And the outbox's promise (docs/design.md, "Events"): every expiry
+since the outbox exists has exactly one event, pending or sent, no event lacks its
+expiry, and none stays pending longer than ``PENDING_BOUND_SECONDS`` (an hour, or the
+relay's lease and the events' objective when they add up to more). The verdict holds
+the counts, the violations of each check and what awaits a scan, as lines (the verdict
+first) or as JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from datetime import datetime
 from typing import Any
 
 from service.adapters import postgres
-from service.adapters.postgres.audit_trail import AwaitingScan, awaiting_scan, proven_since
+from service.adapters.postgres.audit_trail import (
+    EVENT_CHECKS,
+    AwaitingScan,
+    EventTotals,
+    awaiting_scan,
+    event_totals,
+    proven_since,
+    verify_event_check,
+)
 from service.adapters.postgres.leases import ScanPass, last_passes
 from service.core.durations import human
 
@@ -25,6 +37,16 @@ EXIT_VIOLATIONS = 1
 EXIT_AWAITING_SCAN = 4
 EXIT_NOT_MIGRATED = 5
 NOTHING_AWAITS = AwaitingScan(0, None, None)
+# A pending event older than this is a violation: no relay has published it for an hour
+# (status and the alert say so after EXPIRY_EVENTS_OBJECTIVE_SECONDS; verify, run after
+# an incident while the relays catch up, names what is stuck, not a backlog in progress).
+PENDING_BOUND_SECONDS = 3600.0
+
+
+def pending_bound(*, lease_seconds: float, objective_seconds: float) -> float:
+    """The age past which a pending event is a violation: an hour, or a relay's lease
+    (it may hold an event that long before another takes it) plus the objective."""
+    return max(PENDING_BOUND_SECONDS, lease_seconds + objective_seconds)
 
 
 @dataclass(frozen=True)
@@ -38,6 +60,7 @@ class Verdict:
     awaiting: AwaitingScan = NOTHING_AWAITS
     last_pass: ScanPass | None = None
     since: datetime | None = None  # where the audit trail begins (retention); None: always
+    events: EventTotals | None = None  # the outbox's counts and window (None: not read)
 
     @property
     def failed(self) -> bool:
@@ -71,6 +94,7 @@ class Verdict:
             "verdict": self.verdict(),
             "totals": self.totals,
             "proven_since": self.since.isoformat() if self.since is not None else None,
+            "events": None if self.events is None else events_json(self.events),
             "violations": self.violations,
             "awaiting_scan": {
                 "holds": self.awaiting.holds,
@@ -92,6 +116,8 @@ class Verdict:
         lines = [self.verdict()]
         lines.append("reservations: " + ", ".join(f"{k} {v}" for k, v in self.totals.items()))
         lines.append(self._window())
+        if self.events is not None:
+            lines.append(events_line(self.events))
         for name, found in self.violations.items():
             more = "+" if len(found) >= self.limit else ""
             mark = f"{len(found)}{more} VIOLATION(S)" if found else "ok"
@@ -147,7 +173,39 @@ class Verdict:
         return f"last scan pass ended {human(scan.age_seconds)} ago: {scan.result} ({scan.scanner})"
 
 
-async def verify(conn: postgres.Connection, *, limit: int, scan_interval: float) -> Verdict:
+def events_line(events: EventTotals) -> str:
+    """The outbox's counts, and since when each expiry must have its event."""
+    oldest = events.oldest_pending_seconds
+    waiting = f" (the oldest {human(oldest)} old)" if oldest is not None else ""
+    since = (
+        f"the expiries since {events.since.isoformat(timespec='seconds')}"
+        if events.since is not None
+        else "every expiry"
+    )
+    return (
+        f"events: sent {events.sent}, pending {events.pending}{waiting}; checked for "
+        f"{since} (the outbox's start, or where the audit trail or the record of sent "
+        "events begins, whichever is last)"
+    )
+
+
+def events_json(events: EventTotals) -> dict[str, Any]:
+    """The same as data."""
+    return {
+        "pending": events.pending,
+        "sent": events.sent,
+        "oldest_pending_seconds": events.oldest_pending_seconds,
+        "checked_since": events.since.isoformat() if events.since is not None else None,
+    }
+
+
+async def verify(
+    conn: postgres.Connection,
+    *,
+    limit: int,
+    scan_interval: float,
+    pending_bound: float = PENDING_BOUND_SECONDS,
+) -> Verdict:
     """Run every check in one read-only, repeatable-read transaction."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         await postgres.prepare_verification(conn)
@@ -161,7 +219,12 @@ async def verify(conn: postgres.Connection, *, limit: int, scan_interval: float)
             ]
             for name in postgres.VERIFY_CHECKS
         }
+        for name in EVENT_CHECKS:
+            found = await verify_event_check(conn, name, limit=limit, pending_bound=pending_bound)
+            violations[name] = [(str(rid), fact) for rid, fact in found]
         awaiting = await awaiting_scan(conn, scan_interval=scan_interval)
         newest = await last_passes(conn, 1)
         since = await proven_since(conn)
-    return Verdict(totals, violations, limit, awaiting, newest[0] if newest else None, since)
+        events = await event_totals(conn)
+    scan = newest[0] if newest else None
+    return Verdict(totals, violations, limit, awaiting, scan, since, events)

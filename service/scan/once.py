@@ -36,7 +36,7 @@ from service.adapters.classify import classify
 from service.adapters.postgres.leases import PassResult, record_pass
 from service.adapters.telemetry import tracer_for
 from service.adapters.telemetry.gauges import read_gauges
-from service.adapters.telemetry.metrics import Gauges
+from service.adapters.telemetry.readings import Gauges
 from service.core.domain import command_body, message_id
 from service.core.errors import PublishNotConfirmed, ServiceError
 from service.core.topology import EXCHANGE, ROUTING_KEY

@@ -244,6 +244,23 @@ class _Operators(BaseSettings):
         return value
 
 
+class _Events(BaseSettings):
+    """The events other services learn of (../shared/CONTRACT.md, "Events"): the outbox
+    the expiries write, and ``python -m service.relay``, which publishes it."""
+
+    # A consumer wakes the relays (NOTIFY) after a commit that wrote events, at most once
+    # in this many milliseconds (never inside the commit: docs/design.md, "Events").
+    events_notify_ms: int = Field(default=10, ge=0, le=1000)
+    # What a relay claims at once, how long its claim holds (a relay that has not marked
+    # them sent by then loses them to the next claim, which publishes them again), and
+    # how often it looks without being woken.
+    relay_batch_size: int = Field(default=500, ge=1, le=10000)
+    relay_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    relay_poll_seconds: float = Field(default=2.0, gt=0, le=300)
+    # The age of the oldest pending event above which status says so (and the alert).
+    events_objective_seconds: PositiveFloat = 60.0
+
+
 class _Retention(BaseSettings):
     """How long the service keeps what it writes (``python -m service.retention``;
     docs/operations.md, "Retention", has the arithmetic)."""

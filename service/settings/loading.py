@@ -16,15 +16,15 @@ from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from service.core.errors import ConfigError
-from service.settings.concerns import _Connections, _Operators, _Pipeline, _Retention
+from service.settings.concerns import _Connections, _Events, _Operators, _Pipeline, _Retention
 from service.settings.otel_variables import _Telemetry, otel_problem
 
 ENV_PREFIX = "EXPIRY_"
 ENV_FILE = ".env"
 
 
-class Settings(_Retention, _Operators, _Telemetry, _Pipeline, _Connections):
-    """Every knob of the service (docs/reference.md has the table), by concern in five
+class Settings(_Retention, _Events, _Operators, _Telemetry, _Pipeline, _Connections):
+    """Every knob of the service (docs/reference.md has the table), by concern in six
     classes (``concerns.py``, ``otel_variables.py``); one model, read from the environment
     once."""
 
@@ -37,8 +37,12 @@ class Settings(_Retention, _Operators, _Telemetry, _Pipeline, _Connections):
         validate_by_name=True,
     )
 
-    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py).
-    failpoint: str = Field(default="", pattern=r"^(|exit-after-commit|exit-on:[0-9a-fA-F-]{36})$")
+    # Test-only: makes a crash happen at a chosen point (see service/worker/failpoints.py,
+    # and service/relay/exit_points.py for the relay's).
+    failpoint: str = Field(
+        default="",
+        pattern=r"^(|exit-after-commit|exit-after-publish|exit-on:[0-9a-fA-F-]{36})$",
+    )
 
 
 _ENV_NAMES = {

@@ -64,6 +64,7 @@ class Item:
     on_result: Callable[[Result], None]
     span_context: trace.SpanContext = trace.INVALID_SPAN_CONTEXT
     context: otel_context.Context = field(default_factory=otel_context.get_current)
+    traceparent: str | None = None  # recorded with its expiry (``Delivery.traceparent``)
     given: bool = False
 
     def give(self, result: Result) -> None:
@@ -124,10 +125,13 @@ class Batcher:
         self.queue.append(item)
         self._arrived.set()
 
-    async def submit(self, reservation_id: UUID, message_id: str, attempt: int) -> Expiry:
+    async def submit(
+        self, reservation_id: UUID, message_id: str, attempt: int, traceparent: str | None = None
+    ) -> Expiry:
         """Put one and wait for its outcome (raises it if it is an exception)."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self.put(Item(reservation_id, message_id, attempt, future.set_result))
+        item = Item(reservation_id, message_id, attempt, future.set_result, traceparent=traceparent)
+        self.put(item)
         result = await future
         if isinstance(result, BaseException):
             raise result
@@ -186,6 +190,7 @@ class Batcher:
                     list(ids),
                     [item.message_id for item in ids.values()],
                     [item.attempt for item in ids.values()],
+                    [item.traceparent for item in ids.values()],
                 )
             except asyncio.CancelledError:
                 raise

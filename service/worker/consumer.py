@@ -98,6 +98,7 @@ class Consumer:
                 functools.partial(self._decided, delivery),
                 delivery.span.get_span_context(),
                 delivery.trace_context or otel_context.Context(),
+                traceparent=delivery.traceparent(),
             )
         )
 
@@ -121,7 +122,9 @@ class Consumer:
         if delivery.reservation is None or not isinstance(why, BatchFallback):
             raise why  # e.g. an unknown reservation: a failure like any other
         busy = isinstance(why, RowBusy)
-        expiry = await self.store.expire_one(delivery.reservation, delivery.attempt, busy=busy)
+        expiry = await self.store.expire_one(
+            delivery.reservation, delivery.attempt, busy=busy, traceparent=delivery.traceparent()
+        )
         self._ack(delivery, expiry)
 
     async def _suspect(self, delivery: Delivery) -> None:

@@ -138,6 +138,7 @@ class Delivery:
     trace_context: otel_context.Context | None = None  # traced: its span's context
     context: contextvars.Context | None = None  # what its own task runs in, once made
     unsampled: bool = False  # the head decided: not sampled
+    head_traceparent: str | None = None  # unsampled: its traceparent, read at its arrival
     reservation: UUID | None = None  # once its body parsed
     stage: Stage = Stage.HANDLING
 
@@ -148,9 +149,11 @@ class Delivery:
         if tracing is None:
             return delivery
         headers = message.headers or {}
-        if tracing.follows_head and propagation.unsampled(headers):
-            delivery.unsampled = True
-            return delivery
+        if tracing.follows_head:
+            delivery.head_traceparent = propagation.unsampled_traceparent(headers)
+            if delivery.head_traceparent is not None:
+                delivery.unsampled = True
+                return delivery
         parent = propagate.extract(headers)  # untrusted: see propagation.py
         link = propagation.link_of(headers, REPLAY_OF_HEADER)
         span = tracing.tracer.start_span(
@@ -179,6 +182,19 @@ class Delivery:
             self.context = contextvars.copy_context()
             self.context.run(otel_context.attach, self.trace_context)
         return self.context
+
+    def traceparent(self) -> str | None:
+        """The trace its expiry is recorded with (``reservation_transitions.traceparent``,
+        which its event's publish continues): its consumer span's when that is sampled;
+        else the command's own ``traceparent`` when it is a well-formed W3C one (for an
+        unsampled delivery, the one read at its arrival: nothing more is done for it);
+        else None."""
+        context = self.span.get_span_context()
+        if context.trace_flags.sampled and context.is_valid:
+            return propagation.traceparent_from(context)
+        if self.head_traceparent is not None:
+            return self.head_traceparent
+        return propagation.traceparent_of(self.message.headers)
 
     def name(self, reservation: UUID) -> None:
         """Its body named ``reservation`` (its span says so too, when it has one)."""

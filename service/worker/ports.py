@@ -18,11 +18,12 @@ from aio_pika.abc import AbstractExchange
 from opentelemetry import trace
 
 from service.adapters import amqp, postgres
-from service.core.domain import BatchRow, Expiry
+from service.core.domain import BatchRow, Expiry, Outcome
 from service.core.errors import RowLocked
 from service.core.topology import DEAD_ROUTING_KEY, delay_routing_key
 from service.settings import Settings
 from service.worker.delivery import Attempt
+from service.worker.wakeup import SILENT, Waker
 
 tracer = trace.get_tracer("service.consume")
 
@@ -33,13 +34,23 @@ class Store(Protocol):
     """The database as the consumer uses it."""
 
     async def expire_many(
-        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+        self,
+        ids: Sequence[UUID],
+        message_ids: Sequence[str],
+        attempts: Sequence[int],
+        traceparents: Sequence[str | None],
     ) -> dict[UUID, BatchRow]:
-        """The guarded update for distinct ids, one statement, one commit."""
+        """The guarded update for distinct ids, one statement, one commit; each winner's
+        audit row (and so its event) records its delivery's trace (None: none)."""
         ...
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
+        self,
+        reservation_id: UUID,
+        attempt: Attempt,
+        *,
+        busy: bool = False,
+        traceparent: str | None = None,
     ) -> Expiry:
         """The guarded update for one reservation, in a transaction of its own. ``busy``:
         another transaction was holding its row; wait for it only briefly, and raise
@@ -69,10 +80,19 @@ class Publisher(Protocol):
 
 
 class PostgresStore:
-    """``Store`` on a connection pool."""
+    """``Store`` on a connection pool; after a commit that expired a hold (and so wrote
+    its event), ``wakeup`` is told (the relays are woken after it, coalesced)."""
 
-    def __init__(self, pool: postgres.Pool, settings: Settings, *, for_batches: int = 0) -> None:
+    def __init__(
+        self,
+        pool: postgres.Pool,
+        settings: Settings,
+        *,
+        for_batches: int = 0,
+        wakeup: Waker = SILENT,
+    ) -> None:
         self.pool = pool
+        self.wakeup = wakeup
         self.worker = settings.worker_id
         self.acquire_timeout = (
             settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000
@@ -87,13 +107,27 @@ class PostgresStore:
         self.busy_wait_ms = min(settings.lock_timeout_ms, BUSY_ROW_WAIT_MS)
 
     async def expire_many(
-        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+        self,
+        ids: Sequence[UUID],
+        message_ids: Sequence[str],
+        attempts: Sequence[int],
+        traceparents: Sequence[str | None],
     ) -> dict[UUID, BatchRow]:
         async with self.pool.acquire() as conn:
-            return await postgres.expire_batch(conn, ids, message_ids, attempts, worker=self.worker)
+            rows = await postgres.expire_batch(
+                conn, ids, message_ids, attempts, traceparents, worker=self.worker
+            )
+        if any(row.won for row in rows.values()):
+            self.wakeup.written()
+        return rows
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
+        self,
+        reservation_id: UUID,
+        attempt: Attempt,
+        *,
+        busy: bool = False,
+        traceparent: str | None = None,
     ) -> Expiry:
         if busy and self._alone.locked():
             raise RowLocked
@@ -108,7 +142,10 @@ class PostgresStore:
                     attempt=attempt.number,
                     worker=self.worker,
                     lock_wait_ms=self.busy_wait_ms if busy else None,
+                    traceparent=traceparent,
                 )
+            if expiry.outcome is Outcome.EXPIRED:
+                self.wakeup.written()
             span.set_attribute("expiry.outcome", expiry.outcome.value)
             return expiry
 

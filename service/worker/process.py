@@ -98,6 +98,7 @@ async def _consume(
         log.warning("consumer.drain_timeout", extra={"returned": abandoned})
     log.info("consumer.drained")
     await runtime.batcher.close()
+    await runtime.wakeup.close()  # the last commits' wake-up, while the pool is open
     metrics.flush()  # the counts of the last turn, for a last scrape or push
     runtime.reporter.summarize()  # what the last interval did
     for channel in (publish_channel, record_channel, consume_channel):
@@ -130,7 +131,7 @@ async def _sidecars(
             return {
                 "consuming": not stop.is_set(),
                 "channel": work.consuming,
-                "database": await _database_answers(pool),
+                "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
             }
 
         server = HealthServer(readiness, metrics=backlog_every is not None)
@@ -139,7 +140,7 @@ async def _sidecars(
     if backlog_every is not None:
         tasks.append(
             asyncio.create_task(
-                refresh_gauges(pool, metrics.gauges, backlog_every, dead_letters=True)
+                refresh_gauges(pool, metrics.gauges, backlog_every, dead_letters=True, outbox=True)
             )
         )
     try:
@@ -150,12 +151,3 @@ async def _sidecars(
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.close()
-
-
-async def _database_answers(pool: postgres.Pool) -> bool:
-    try:
-        async with asyncio.timeout(READINESS_TIMEOUT_SECONDS), pool.acquire() as conn:
-            await postgres.ping(conn)
-    except Exception:  # any failure means "not ready", which is the answer
-        return False
-    return True

@@ -38,6 +38,8 @@ class Quarantine:
             if handled > CRASH_LIMIT:
                 raise CrashLoop(f"a consumer died handling it {handled - 1} times")
             self.failpoints.on_handling(reservation_id)
-            expiry = await self.store.expire_one(reservation_id, delivery.attempt)
+            expiry = await self.store.expire_one(
+                reservation_id, delivery.attempt, traceparent=delivery.traceparent()
+            )
             await self.store.clear_handling(key)
             return expiry

@@ -21,6 +21,7 @@ from service.worker.ports import AmqpPublisher, PostgresStore
 from service.worker.quarantine import Quarantine
 from service.worker.recorder import Recorder
 from service.worker.reporting import Reporter
+from service.worker.wakeup import Wakeup, wakeup_for
 
 # Batches run in parallel on this many connections (the rest of the pool is
 # left for deliveries that fall back to their own transaction, and suspects).
@@ -36,6 +37,7 @@ class Runtime:
     batcher: Batcher
     in_flight: InFlight
     reporter: Reporter
+    wakeup: Wakeup  # the relays', after commits that wrote events
 
 
 async def assemble(
@@ -45,7 +47,14 @@ async def assemble(
     batched = settings.batch_size > 1
     spare = max(1, settings.db_pool_size - 1)
     batch_workers = min(BATCH_WORKERS, spare) if batched else spare
-    store = PostgresStore(pool, settings, for_batches=batch_workers if batched else 0)
+    wakeup = wakeup_for(
+        pool,
+        window_ms=settings.events_notify_ms,
+        timeout=settings.db_connect_timeout_seconds + settings.statement_timeout_ms / 1000,
+    )
+    store = PostgresStore(
+        pool, settings, for_batches=batch_workers if batched else 0, wakeup=wakeup
+    )
     dead_exchange = await publish_channel.get_exchange(DEAD_EXCHANGE, ensure=False)
     publisher = AmqpPublisher(
         await publish_channel.get_exchange(RETRY_EXCHANGE, ensure=False),
@@ -77,4 +86,4 @@ async def assemble(
         settings=settings,
         metrics=metrics,
     )
-    return Runtime(consumer, recorder, batcher, in_flight, reporter)
+    return Runtime(consumer, recorder, batcher, in_flight, reporter, wakeup)

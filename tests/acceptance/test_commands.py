@@ -16,7 +16,7 @@ from tests.acceptance.processes import base_env, run, start, stop
 
 pytestmark = pytest.mark.acceptance
 
-COMMANDS = ["service.migrate", "service.produce", "service.consume"]
+COMMANDS = ["service.migrate", "service.produce", "service.consume", "service.relay"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)

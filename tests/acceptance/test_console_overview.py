@@ -10,8 +10,10 @@ import re
 
 import pytest
 
+from service.adapters import postgres
 from tests.acceptance.console_support import PASSWORDS, csrf_of, log_in, running_console
-from tests.support import Stack, pg_connection, run_module
+from tests.outbox_rows import mark_all_sent
+from tests.support import Stack, insert_holds, pg_connection, run_module
 
 pytestmark = pytest.mark.acceptance
 
@@ -126,3 +128,29 @@ async def test_what_is_kept_shows_and_a_stopped_retention_is_flagged_until_it_ru
     assert re.search(
         r"\n  reservation_transitions +[\d.]+ [kM]?B +\d{4}-\d\d-\d\d \.\. ", status.stdout
     )
+
+
+async def test_events_waiting_past_their_objective_show_as_status_says(stack: Stack) -> None:
+    """Two expiries whose events have waited ten minutes (no relay runs): the overview says
+    ALERT as status does (start the relay), and shows the outbox's backlog against the
+    objective; once they are sent, the line is within it again."""
+    ids = await insert_holds(stack.database_url, 2)
+    async with pg_connection(stack.database_url) as conn:
+        await postgres.expire_batch(conn, ids, ["m", "m"], [1, 1], worker="w")
+        await conn.execute("UPDATE expiry_events SET created_at = now() - interval '10 minutes'")
+    page = await _overview(stack)
+    verdict = _verdict(page)
+    assert verdict.startswith("ALERT: the oldest pending event is 10m ")
+    seconds = re.compile(r"10m \d+s old")  # a second may pass between the two
+    assert seconds.sub("10m", verdict) == seconds.sub("10m", await _status_verdict(stack))
+    assert "events-behind" in PROBLEM.findall(page)
+    assert "start python -m service.relay, or check it" in html.unescape(page)
+    assert '<strong id="events-pending">2</strong>' in page
+    assert re.search(r'<strong id="events-oldest">10m \d+s</strong> · objective 1m', page)
+    assert 'class="bad">BEHIND</strong>' in page
+    async with pg_connection(stack.database_url) as conn:
+        await mark_all_sent(conn)
+    page = await _overview(stack)
+    assert "events-behind" not in PROBLEM.findall(page)
+    assert '<strong id="events-pending">0</strong>' in page
+    assert 'class="ok">within</strong>' in page

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 from collections.abc import AsyncIterator
+from uuid import UUID
 
 import pytest
 
 from service import scan
+from service.adapters import postgres
+from tests.outbox_rows import mark_all_sent
 from tests.support import (
     Stack,
     eventually,
@@ -220,6 +224,35 @@ async def test_status_alerts_on_the_age_of_the_oldest_due_hold(
     assert data["backlog"]["by_bucket"]["1m_5m"] == 3
 
 
+async def test_status_alerts_when_events_wait_past_their_objective(
+    stack: Stack, consumer: None
+) -> None:
+    """Events pending for longer than EXPIRY_EVENTS_OBJECTIVE_SECONDS (no relay runs):
+    exit 3, the problem says to start the relay; the screen and --json show the outbox."""
+    await scan.scan_once(stack.settings)
+    await _expired_directly(stack, 3)
+    result = await run_command(
+        stack, "service.status", EXPIRY_EVENTS_OBJECTIVE_SECONDS="30", **RELAXED
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(
+        r"^pending events +3 +the oldest .* within the objective \(30s\)$",
+        result.stdout,
+        flags=re.MULTILINE,
+    ), result.stdout
+    await _sql(stack, "UPDATE expiry_events SET created_at = now() - interval '2 minutes'")
+    result = await run_command(
+        stack, "service.status", "--json", EXPIRY_EVENTS_OBJECTIVE_SECONDS="30", **RELAXED
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["verdict"].startswith("ALERT: the oldest pending event is 2m ")
+    [problem] = data["problems"]
+    assert problem["condition"] == "events-behind"
+    assert "start python -m service.relay, or check it" in problem["todo"]
+    assert (data["events"]["pending"], data["events"]["objective_met"]) == (3, False)
+
+
 async def test_status_counts_open_dead_letters_beside_the_dead_queue(
     stack: Stack, consumer: None
 ) -> None:
@@ -276,9 +309,13 @@ async def test_verify_passes_after_a_clean_run(stack: Stack) -> None:
 
 
 async def test_verify_catches_a_double_transition_and_an_early_expiry(stack: Stack) -> None:
-    """Forged audit rows (a second expiry, an expiry before the deadline) fail verification."""
+    """Forged audit rows (a second expiry, an expiry before the deadline) fail verification;
+    the second expiry wrote a second event too."""
     await _run_clean(stack)
     async with pg_connection(stack.database_url) as conn:
+        # A relay sent the events: else the forged expiry's event would clash with the
+        # pending one (the outbox's message id is unique) and the forgery fail whole.
+        assert await mark_all_sent(conn) == 50
         doubled = await conn.fetchrow(
             "SELECT reservation_id FROM reservation_transitions ORDER BY id LIMIT 1"
         )
@@ -304,6 +341,88 @@ async def test_verify_catches_a_double_transition_and_an_early_expiry(stack: Sta
         str(doubled["reservation_id"])
     ]
     assert [v[0] for v in violations["expired-before-deadline"]] == [str(future["id"])]
+    assert violations["expired-without-exactly-one-event"] == [
+        [str(doubled["reservation_id"]), "2 event(s) with its message id"]
+    ]
+
+
+async def _expired_directly(stack: Stack, count: int) -> list[UUID]:
+    """``count`` holds expired by the consumer's batched statement, their events pending."""
+    ids = await insert_holds(stack.database_url, count)
+    async with pg_connection(stack.database_url) as conn:
+        await postgres.expire_batch(conn, ids, ["m"] * count, [1] * count, worker="w")
+    return ids
+
+
+async def test_verify_proves_every_expiry_has_its_one_event(stack: Stack) -> None:
+    """Expired holds, their events pending or sent: proven, with a line saying how many
+    events are sent and pending and since when they are checked."""
+    await _expired_directly(stack, 5)
+    async with pg_connection(stack.database_url) as conn:
+        await mark_all_sent(conn)
+    await _expired_directly(stack, 3)
+    result = command(stack, "service.verify")
+    assert result.returncode == 0, result.stdout + result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("events: ")]
+    assert line.startswith("events: sent 5, pending 3 (the oldest ")
+    assert "; checked for the expiries since " in line
+    for check in ("expired-without-exactly-one-event", "event-without-its-expiry"):
+        assert re.search(rf"^{check} +ok$", result.stdout, flags=re.MULTILINE), check
+    data = json.loads(command(stack, "service.verify", "--json").stdout)
+    assert (data["events"]["sent"], data["events"]["pending"]) == (5, 3)
+
+
+PLANTED = {
+    "lost": (
+        "DELETE FROM expiry_events WHERE reservation_id = $1",
+        "expired-without-exactly-one-event",
+        "0 event(s) with its message id",
+    ),
+    "duplicate": (
+        "INSERT INTO expiry_events_sent (id, reservation_id, message_id, expired_at,"
+        " created_at, claims, relay) SELECT id, reservation_id, message_id, expired_at,"
+        " created_at, 1, 'forger' FROM expiry_events WHERE reservation_id = $1",
+        "expired-without-exactly-one-event",
+        "2 event(s) with its message id",
+    ),
+    "old-pending": (
+        "UPDATE expiry_events SET created_at = now() - interval '2 hours'"
+        " WHERE reservation_id = $1",
+        "event-pending-too-long",
+        "pending for 02:00:",
+    ),
+    "without-expiry": (
+        "INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id)"
+        " SELECT id, hold_until, now(), 'expired:' || id || ':1' FROM reservations"
+        " WHERE status = 'held' AND id <> $1 LIMIT 1",
+        "event-without-its-expiry",
+        "pending event expired:",
+    ),
+}
+
+
+@pytest.mark.parametrize("plant", list(PLANTED))
+async def test_verify_catches_an_event_lost_doubled_stuck_or_made_up(
+    stack: Stack, plant: str
+) -> None:
+    """A planted violation of the outbox's promise (an event deleted, sent twice, pending
+    for two hours, or one of no expiry): exit 1, the verdict line naming the check."""
+    [rid, _other] = await _expired_directly(stack, 2)
+    await insert_holds(stack.database_url, 1, due_in=3600)
+    statement, check, fact = PLANTED[plant]
+    async with pg_connection(stack.database_url) as conn:
+        await conn.execute(statement, rid)
+    result = command(stack, "service.verify", "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["verdict"] == f"verify: FAILED: {check} (1); verify --json lists the reservations"
+    [(found, said)] = data["violations"][check]
+    assert said.startswith(fact) or fact in said, said
+    if plant != "without-expiry":
+        assert found == str(rid)
+    text = command(stack, "service.verify")
+    assert text.returncode == 1
+    assert verdict_of(text) == data["verdict"]
 
 
 async def test_verify_before_any_scan_says_the_holds_await_one(stack: Stack) -> None:

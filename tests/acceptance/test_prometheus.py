@@ -27,6 +27,7 @@ import pytest
 
 from tests.acceptance.processes import start, stop
 from tests.observability import RULES, metric_names
+from tests.outbox_rows import mark_all_sent
 from tests.support import (
     Stack,
     eventually,
@@ -152,6 +153,7 @@ async def running(
     ports = {"expiry-consumer": free_port(), "expiry-scanner": free_port()}
     env = stack.env(
         EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS="3",
+        EXPIRY_EVENTS_OBJECTIVE_SECONDS="3",
         EXPIRY_LOCK_TIMEOUT_MS="300",
         EXPIRY_LEASE_SECONDS="2",
         EXPIRY_HTTP_HOST="127.0.0.1",
@@ -243,6 +245,15 @@ async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
     await eventually(the_poison_is_open_unowned_and_ageing, timeout=60, every=1)
     objective = await prometheus.value("max(expiry_dead_letter_age_objective_seconds)")
     assert objective == 86400  # EXPIRY_DEAD_LETTER_AGE_OBJECTIVE_SECONDS's default
+
+    async def every_expiry_waits_in_the_outbox() -> bool:
+        """No relay runs here: the consumer reports each expiry's event as pending."""
+        pending = await prometheus.value("max(expiry_events_pending)")
+        oldest = await prometheus.value("max(expiry_events_oldest_pending_age_seconds)")
+        return pending == 101 and (oldest or 0) > 0
+
+    await eventually(every_expiry_waits_in_the_outbox, timeout=60, every=1)
+    assert await prometheus.value("max(expiry_events_objective_seconds)") == 3
     first = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
     await asyncio.sleep(3)
     later = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
@@ -281,3 +292,22 @@ async def test_the_oldest_due_alert_fires_without_consumers_and_resolves_with_th
     async with pg(stack.database_url) as conn:
         held = await conn.fetchval("SELECT count(*) FROM reservations WHERE status = 'held'")
     assert held == 0
+
+
+async def test_the_events_alert_fires_without_a_relay_and_resolves_once_they_are_sent(
+    stack: Stack,
+    running: tuple[Prometheus, dict[str, str], dict[str, asyncio.subprocess.Process]],
+) -> None:
+    """Holds expire and no relay runs: the consumer reports the oldest pending event's age,
+    which passes the 3 s objective, and ExpiryEventsBehind fires; once the events are sent
+    (as a relay marks them), it resolves."""
+    prometheus, _env, _processes = running
+    await insert_holds(stack.database_url, 5)
+    await eventually(lambda: prometheus.firing("ExpiryEventsBehind"), timeout=60, every=1)
+    async with pg(stack.database_url) as conn:
+        assert await mark_all_sent(conn) == 5
+
+    async def resolved() -> bool:
+        return not await prometheus.firing("ExpiryEventsBehind")
+
+    await eventually(resolved, timeout=60, every=1)

@@ -264,7 +264,8 @@ def test_consistency_check_rejects_broken_cross_object_rules(
     rendered: Rendered, tmp_path: Path
 ) -> None:
     """Two autoscalers on the consumers, scaling to zero, counting the retry queues by
-    regex, a grace period shorter than the drain and a scan interval that lies all fail."""
+    regex, a grace period shorter than the drain (or than the relay's batch in hand) and a
+    scan interval that lies all fail."""
     small, large = rendered["small"], rendered["large"]
     hpa = next(objs for name, objs in rendered.items() if "-cpu-" in name)
     both = [*small, find(hpa, "HorizontalPodAutoscaler", "expiry-consumer")]
@@ -277,11 +278,14 @@ def test_consistency_check_rejects_broken_cross_object_rules(
     meta.update(queueName="^expirations.*$", useRegex="true")
     consumer = the(broken, "Deployment", "expiry-consumer")
     consumer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    relay = the(broken, "Deployment", "expiry-relay")
+    relay["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
     found = failures(check("consistency", tmp_path, [*broken, scaled]))
     assert "never scale to zero" in found
     assert "queueName must be 'expirations'" in found
     assert "useRegex must be false" in found
     assert "terminationGracePeriodSeconds 30 < EXPIRY_SHUTDOWN_TIMEOUT_SECONDS 30 + 20" in found
+    assert "expiry-relay: terminationGracePeriodSeconds 30 < EXPIRY_PUBLISH_TIMEOUT" in found
     lying = copy.deepcopy(large)
     scanner = the(lying, "Deployment", "expiry-scanner")
     scanner["spec"]["template"]["spec"]["containers"][0]["command"][4] = "10"

@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -170,6 +171,14 @@ class Containers:
         state = (await self.inspect(name))["State"]
         return Finished(int(state["ExitCode"]), await self.logs(name), seconds)
 
+    async def wait_catching_sigterm(self, name: str, timeout: float = 30) -> None:
+        """Wait until the container's first process catches SIGTERM (bit 15 of the
+        ``SigCgt`` mask in /proc/PID/status, read from the host)."""
+        pid = int((await self.inspect(name))["State"]["Pid"])
+        async with asyncio.timeout(timeout):
+            while not _catches_sigterm(pid):
+                await asyncio.sleep(0.005)
+
     async def wait_for_output(self, name: str, text: str, timeout: float = 60) -> None:
         """Wait until the container has written ``text``."""
         with contextlib.suppress(TimeoutError):
@@ -189,6 +198,18 @@ class Containers:
         ids = listed.split() if code == 0 else []
         if ids:
             await docker("rm", "--force", "--volumes", *ids)
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGTERM (its ``SigCgt`` mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
 
 
 @contextlib.asynccontextmanager

@@ -1,23 +1,28 @@
 """The built image runs the service as a deployment runs it: each command in a container
 of its own, as the image's non-root user on a read-only root filesystem, against the
 test run's PostgreSQL and RabbitMQ; stopped by ``docker stop`` and killed by
-``docker kill``, with every hold expired exactly once."""
+``docker kill``, with every hold expired exactly once and its event published to a
+reader's queue."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import httpx
 import pytest
 
 from service.console.auth import hash_password
+from tests.events_support import bind_reader_queue, collect_events
 from tests.image.containers import docker_ok
 from tests.image.world import (
     CONSUMER_GRACE,
     CONSUMER_ROLE,
     FIGURES,
     OPERATOR_ROLE,
+    RELAY_GRACE,
+    RELAY_ROLE,
     SCAN_ROLE,
     SCANNER_GRACE,
     World,
@@ -43,13 +48,16 @@ async def step(world: World, module: str, *args: str, role: str | None = None) -
 async def test_the_image_deploys_expires_and_stops_cleanly_under_kill_and_stop(
     world: World,
 ) -> None:
-    """migrate, declare, a scan, three consumers and the scanner, each a container of the
-    image: a consumer frozen holding deliveries and then killed, another stopped
-    mid-stream, and every hold still expires exactly once; each ``docker stop`` ends
-    its process with exit 0 within its grace; retention and verify succeed."""
+    """migrate, declare, a scan, three consumers, the scanner and the relay, each a
+    container of the image: a consumer frozen holding deliveries and then killed, another
+    stopped mid-stream, and every hold still expires exactly once, its event on a reader's
+    queue once with its message id; each ``docker stop`` ends its process with exit 0
+    within its grace; retention and verify succeed."""
     containers = world.containers
     await step(world, "migrate")
     await step(world, "declare")
+    reader = await bind_reader_queue(world.amqp_url)
+    relay = await world.start_serving("relay", python_m("relay"), RELAY_ROLE)
 
     started = time.monotonic()
     consumers = [
@@ -102,11 +110,24 @@ async def test_the_image_deploys_expires_and_stops_cleanly_under_kill_and_stop(
     )
     await world.assert_each_expired_once(at_once + streamed)
 
+    started = time.monotonic()
+    events = await collect_events(world.amqp_url, reader, total, timeout=120)
+    assert Counter(e.message_id for e in events) == Counter(
+        await world.event_ids(at_once + streamed)
+    )
+    FIGURES.append(
+        f"the relay container (as {RELAY_ROLE}): {len(events)} events on the reader's queue, "
+        f"one per expiry with its message id ({time.monotonic() - started:.1f} s after the "
+        "last expiry)"
+    )
+
     last = await stop_ok(containers, consumers[2], CONSUMER_GRACE)
     scan_stop = await stop_ok(containers, scanner, SCANNER_GRACE)
+    relay_stop = await stop_ok(containers, relay, RELAY_GRACE)
     FIGURES.append(
         f"docker stop: the last consumer exit 0 in {last:.1f} s, "
-        f"the scanner exit 0 in {scan_stop:.1f} s (grace {SCANNER_GRACE} s)"
+        f"the scanner exit 0 in {scan_stop:.1f} s (grace {SCANNER_GRACE} s), "
+        f"the relay exit 0 in {relay_stop:.1f} s (grace {RELAY_GRACE} s)"
     )
 
     await step(world, "retention")
@@ -158,17 +179,23 @@ async def test_the_console_answers_in_its_container(world: World) -> None:
 
 
 async def test_a_container_stopped_as_it_starts_exits_0_at_once(world: World) -> None:
-    """``docker stop`` in a consumer's and a scanner's first moments (the process is the
-    container's PID 1, before it listens for SIGTERM) ends each with exit 0 in seconds,
-    not with SIGKILL at the end of its grace."""
+    """``docker stop`` in a consumer's, a scanner's and a relay's first moments (the
+    process is the container's PID 1 and catches SIGTERM, but does not listen for it yet)
+    ends each with exit 0 in seconds, not with SIGKILL at the end of its grace.
+
+    The stop waits until the process catches SIGTERM (its ``SigCgt`` in /proc): before,
+    while Python itself starts, the kernel drops a SIGTERM to PID 1 that nothing catches,
+    which no code of the service can change (docs/deployment.md, "The image": ``--init``)."""
     await world.run_step("migrate")
     await world.run_step("declare")
     figures = []
     for name, command, role, grace in (
         ("consumer", python_m("consume"), CONSUMER_ROLE, CONSUMER_GRACE),
         ("scanner", python_m("produce", "--every", "1"), SCAN_ROLE, SCANNER_GRACE),
+        ("relay", python_m("relay"), RELAY_ROLE, RELAY_GRACE),
     ):
         started = await world.containers.start(name, command, world.env(role))
+        await world.containers.wait_catching_sigterm(started)
         seconds = await stop_ok(world.containers, started, grace)
         assert seconds < 10, f"the {name} took {seconds:.1f} s to stop"
         figures.append(f"{name} exit 0 in {seconds:.1f} s")

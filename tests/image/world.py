@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
+from tests.events_support import expected_message_id
 from tests.image.containers import Containers
 from tests.support import (
     as_role,
@@ -22,11 +23,16 @@ FIGURES: list[str] = []
 CONSUMER_ROLE = "expiry_consumer"
 SCAN_ROLE = "expiry_scan"
 OPERATOR_ROLE = "expiry_operator"
+RELAY_ROLE = "expiry_relay"  # migration 0014_events
 
 # compose.yaml's stop_grace_period for a consumer, as deploy/kubernetes derives it:
 # EXPIRY_SHUTDOWN_TIMEOUT_SECONDS (30) + the span export's flush (15) + 5.
 CONSUMER_GRACE = 50
 SCANNER_GRACE = 20
+# The relay's, as compose.yaml and deploy/kubernetes/base/relay.yaml derive it: the batch in
+# hand's confirms (EXPIRY_PUBLISH_TIMEOUT_SECONDS, 10) and mark (EXPIRY_STATEMENT_TIMEOUT_MS,
+# 10 s) + the span export's flush (15) + 5.
+RELAY_GRACE = 40
 # How often the image's HEALTHCHECK runs here (its own interval, 30 s, is for production).
 HEALTH_INTERVAL = "1s"
 
@@ -96,6 +102,14 @@ class World:
                 "SELECT count(*) FROM reservations WHERE status = 'expired'"
             )
         return count
+
+    async def event_ids(self, ids: list[uuid.UUID]) -> list[str]:
+        """The message id of the event of each hold of ``ids`` (the contract's form)."""
+        async with pg_connection(self.database_url) as conn:
+            rows = await conn.fetch(
+                "SELECT id, hold_until FROM reservations WHERE id = ANY($1::uuid[])", ids
+            )
+        return [expected_message_id(row["id"], row["hold_until"]) for row in rows]
 
     async def assert_each_expired_once(self, ids: list[uuid.UUID]) -> None:
         """Every hold of ``ids`` is expired, with exactly one audited transition."""

@@ -25,12 +25,14 @@ from tests.support import RUN_ID, Management, free_port
 RABBITMQ_DIR = Path(__file__).resolve().parents[2] / "rabbitmq"
 DEFINITIONS = RABBITMQ_DIR / "definitions.json"
 # One user per job: the deploy declares, the scan publishes, the consumers consume,
-# the operator replays dead letters; admin is the management UI's.
+# the operator replays dead letters, the relay publishes events; admin is the management
+# UI's.
 DEPLOY_USER = "expiry-deploy"
 CONSUMER_USER = "expiry-consumer"
 SCAN_USER = "expiry-scan"
 OPERATOR_USER = "expiry-operator"
-SERVICE_USERS = (DEPLOY_USER, CONSUMER_USER, SCAN_USER, OPERATOR_USER)
+RELAY_USER = "expiry-relay"
+SERVICE_USERS = (DEPLOY_USER, CONSUMER_USER, SCAN_USER, OPERATOR_USER, RELAY_USER)
 ADMIN_USER = "admin"
 # The documented throwaway passwords of the shipped definitions (compose.yaml uses them).
 THROWAWAY_PASSWORDS = {

@@ -4,9 +4,10 @@ The shipped definitions are imported into a fresh vhost, and a test user is made
 like each shipped one (its tags, its permissions in that vhost, a test
 password). Each does its job with only its rights (the deploy declares, the
 scan publishes, the consumer consumes, retries, dead-letters, records and
-refreshes, the operator replays and gives back), and what it must not do is
-refused with ACCESS_REFUSED: only the deploy may delete ``expirations.dead``,
-only the operator (and the deploy) may purge or read it. The shipped
+refreshes, the operator replays and gives back, the relay publishes events), and
+what it must not do is refused with ACCESS_REFUSED: only the deploy may delete
+``expirations.dead``, only the operator (and the deploy) may purge or read it; the
+relay may publish to ``expiry.events`` and nothing else. The shipped
 ``rabbitmq.conf`` and ``enabled_plugins`` boot a node that loads the definitions.
 """
 
@@ -35,11 +36,13 @@ from service.declare import declare
 from service.ops import survey
 from service.settings import Settings
 from tests import support
+from tests.events_support import bind_reader_queue, collect_events, running_relay
 from tests.integration.definitions_support import (
     ADMIN_USER,
     CONSUMER_USER,
     DEPLOY_USER,
     OPERATOR_USER,
+    RELAY_USER,
     SCAN_USER,
     SERVICE_USERS,
     SHA256,
@@ -74,7 +77,7 @@ TOPOLOGY = topology.build_topology(
 )
 QUEUES = [q.name for q in TOPOLOGY.queues]
 EXCHANGES = [e.name for e in TOPOLOGY.exchanges]
-RUNNING_USERS = (CONSUMER_USER, SCAN_USER, OPERATOR_USER)
+RUNNING_USERS = (CONSUMER_USER, SCAN_USER, OPERATOR_USER, RELAY_USER)
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,17 @@ def test_shipped_password_hashes_are_of_the_documented_throwaway_passwords() -> 
 # What each user's configure, write and read patterns must cover among these names, and
 # nothing else: the deploy everything of the service; the rest only what their job needs.
 NAMES = [*QUEUES, *EXCHANGES, topology.delay_queue(3_600_000), topology.delay_queue(3_599_999)]
-OUTSIDERS = ["other", "amq.default", "amq.direct", "expirationsX", "x.expirations", "expirations."]
+OUTSIDERS = [
+    "other",
+    "amq.default",
+    "amq.direct",
+    "expirationsX",
+    "x.expirations",
+    "expirations.",
+    "expiry.eventsX",
+    "expiry.events.x",
+    "expiryXevents",
+]
 JOBS: dict[str, dict[str, set[str]]] = {
     DEPLOY_USER: {kind: set(NAMES) for kind in ("configure", "write", "read")},
     CONSUMER_USER: {
@@ -154,6 +167,7 @@ JOBS: dict[str, dict[str, set[str]]] = {
         "write": {topology.EXCHANGE, topology.DEAD_EXCHANGE},
         "read": {topology.DEAD_QUEUE},
     },
+    RELAY_USER: {"configure": set(), "write": {topology.EVENTS_EXCHANGE}, "read": set()},
 }
 
 
@@ -167,8 +181,8 @@ def test_each_users_patterns_cover_exactly_the_names_of_its_job(user: str) -> No
 
 
 def test_only_the_running_processes_may_read_the_management_api() -> None:
-    """The consumer and the scan get ``management`` (the topology check reads it); the
-    deploy and the operator no tag; admin is the administrator."""
+    """The consumer, the scan and the relay get ``management`` (the topology check reads
+    it); the deploy and the operator no tag; admin is the administrator."""
     shipped = load_definitions()
     tags = {user: tags_of(shipped, user) for user in (*SERVICE_USERS, ADMIN_USER)}
     assert tags == {
@@ -176,6 +190,7 @@ def test_only_the_running_processes_may_read_the_management_api() -> None:
         CONSUMER_USER: ["management"],
         SCAN_USER: ["management"],
         OPERATOR_USER: [],
+        RELAY_USER: ["management"],
         ADMIN_USER: ["administrator"],
     }
 
@@ -323,6 +338,46 @@ async def test_the_operator_replays_and_gives_back_with_its_rights(
     assert refreshed.queue == topology.DEAD_QUEUE  # type: ignore[attr-defined]
 
 
+async def test_the_relay_publishes_events_with_only_its_rights(
+    shipped: Shipped, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the relay user: it checks the events exchange through the management API and
+    publishes the events of expired holds to a reader's queue; it may publish nothing to
+    the commands' exchange, nor read a queue."""
+    caplog.set_level(logging.INFO)
+    stack = shipped.stack
+    queue = await bind_reader_queue(stack.amqp_url)
+    ids = await support.insert_holds(stack.database_url, 5)
+    assert (await scan.scan_once(shipped.settings_of(SCAN_USER))).published == len(ids)
+    async with support.attached_consumer(stack, shipped.settings_of(CONSUMER_USER)):
+        await support.eventually(lambda: _all_expired(stack, len(ids)))
+    relay = shipped.settings_of(RELAY_USER, relay_poll_seconds=0.2)
+    async with running_relay(relay):
+        received = await collect_events(stack.amqp_url, queue, len(ids))
+    assert len({e.message_id for e in received}) == len(ids)
+    assert _events(caplog, "topology.arguments_unchecked") == []
+    assert "ACCESS_REFUSED" not in caplog.text
+    url = shipped.urls[RELAY_USER]
+    assert await _outcome(url, _publish_to(topology.EXCHANGE)) == "refused"
+    assert await _outcome(url, _publish_to(topology.DEAD_EXCHANGE)) == "refused"
+    assert await _outcome(url, _get_from(queue)) == "refused"
+
+
+def _publish_to(exchange: str) -> Operation:
+    async def publish(channel: AbstractChannel) -> object:
+        target = await channel.get_exchange(exchange, ensure=False)
+        return await target.publish(aio_pika.Message(b"{}"), "x", timeout=5)
+
+    return publish
+
+
+def _get_from(queue: str) -> Operation:
+    async def get(channel: AbstractChannel) -> object:
+        return await (await channel.get_queue(queue, ensure=False)).get(fail=False, timeout=5)
+
+    return get
+
+
 async def _record_count_is(stack: support.Stack, count: int) -> bool:
     return len(await _records(stack)) == count
 
@@ -438,10 +493,11 @@ async def test_no_running_user_may_declare_or_delete_anything(shipped: Shipped) 
 async def test_neither_consumer_nor_scan_may_read_or_purge_the_dead_letters(
     shipped: Shipped,
 ) -> None:
-    """Consumer and scan: purge, get and consume of ``expirations.dead`` are ACCESS_REFUSED,
-    over AMQP and through the management API (where their tag lets them read the topology)."""
+    """Consumer, scan and relay: purge, get and consume of ``expirations.dead`` are
+    ACCESS_REFUSED, over AMQP and through the management API (where their tag lets them
+    read the topology)."""
     await _dead_letter(shipped.urls[CONSUMER_USER], "kept-1")
-    for user in (CONSUMER_USER, SCAN_USER):
+    for user in (CONSUMER_USER, SCAN_USER, RELAY_USER):
         for what, operation in READING_THE_DEAD.items():
             assert await _outcome(shipped.urls[user], operation) == "refused", (user, what)
         assert await _through_the_api(shipped, user) == [401, 401, 401]
@@ -474,9 +530,10 @@ async def _through_the_api(shipped: Shipped, user: str) -> list[int | None]:
 
 
 async def test_the_deploy_user_may_not_step_outside_the_service_names(shipped: Shipped) -> None:
-    """The deploy user declares only ``expirations`` names: anything else is ACCESS_REFUSED."""
+    """The deploy user declares only ``expirations`` names and ``expiry.events``: anything
+    else is ACCESS_REFUSED."""
     url = shipped.urls[DEPLOY_USER]
-    for name in ("not-expirations", "expirationsX", "x.expirations"):
+    for name in ("not-expirations", "expirationsX", "x.expirations", "expiry.eventsX"):
         queue = topology.QueueSpec(name, topology.EXCHANGE, "x")
         assert await _outcome(url, _declare_queue(queue)) == "refused", name
         assert await _outcome(url, _declare_exchange(name)) == "refused", name
@@ -507,8 +564,8 @@ async def test_shipped_config_boots_a_node_that_loads_the_definitions(
 ) -> None:
     """rabbitmq.conf + enabled_plugins + definitions.json, unchanged, boot a node: the
     definitions are loaded (no guest), the limits are set, the plugins answer; with the
-    shipped users and passwords the deploy declares, the scan and a consumer run and check
-    the topology through the management API."""
+    shipped users and passwords the deploy declares, the scan, a consumer and the relay run
+    and check the topology through the management API."""
     if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
         support.missing("rabbitmq-server is not installed here: cannot boot a node from rabbitmq/")
     caplog.set_level(logging.INFO)
@@ -530,8 +587,16 @@ async def test_shipped_config_boots_a_node_that_loads_the_definitions(
             return stack.settings.model_copy(update=update | {"management_url": admin_url})
 
         await declare(on_node(DEPLOY_USER))
+        admin_amqp = (
+            f"amqp://{ADMIN_USER}:{THROWAWAY_PASSWORDS[ADMIN_USER]}@127.0.0.1:{node.amqp_port}/"
+        )
+        queue = await bind_reader_queue(admin_amqp)
         ids = await support.insert_holds(stack.database_url, 3)
         assert (await scan.scan_once(on_node(SCAN_USER))).published == len(ids)
         async with support.running_consumer(on_node(CONSUMER_USER)):
             await support.eventually(lambda: _all_expired(stack, len(ids)))
+        async with running_relay(
+            on_node(RELAY_USER).model_copy(update={"relay_poll_seconds": 0.2})
+        ):
+            assert len(await collect_events(admin_amqp, queue, len(ids))) == len(ids)
     assert _events(caplog, "topology.arguments_unchecked") == []

@@ -126,6 +126,84 @@ async def test_weeks_are_made_ahead_and_dropped_behind_as_the_clock_moves(
         assert (again.made, again.dropped, again.pruned) == (0, 0, {})
 
 
+async def _sent_at(
+    conn: asyncpg.Connection[asyncpg.Record], ids: list[uuid.UUID], at: datetime
+) -> None:
+    """The pending events of ``ids`` marked sent at ``at`` (its week made first)."""
+    low = week_of(at)
+    await conn.execute(
+        "SELECT expiry_make_partition($1, $2, $3)", "expiry_events_sent", low, low + WEEK
+    )
+    await conn.execute(
+        "WITH sent AS (DELETE FROM expiry_events WHERE reservation_id = ANY($1::uuid[])"
+        "  RETURNING id, reservation_id, message_id, expired_at, created_at)"
+        " INSERT INTO expiry_events_sent"
+        "  (id, reservation_id, message_id, expired_at, created_at, claims, relay, at)"
+        " SELECT id, reservation_id, message_id, expired_at, created_at, 1, 'r', $2 FROM sent",
+        ids,
+        at,
+    )
+
+
+async def _rows_of(conn: asyncpg.Connection[asyncpg.Record], table: str) -> int:
+    count: int = await conn.fetchval(f"SELECT count(*) FROM {table}")
+    return count
+
+
+async def test_sent_events_go_a_week_at_a_time_and_pending_ones_stay(
+    stack: support.Stack,
+) -> None:
+    """Sent events are dropped by the week they were sent in, with the audit trail, each
+    drop recorded; pending events stay, however old; and verify, comparing expiries and
+    events where both are kept, is fooled neither by a sent event whose expiry's week is
+    gone nor by the weeks each table lost (the outbox here as old as the oldest week)."""
+    settings = stack.settings
+    async with support.pg_connection(stack.database_url) as conn:
+        now = await _now(conn)
+        await conn.execute(
+            "UPDATE schema_migrations SET applied_at = now() - interval '200 days'"
+            " WHERE version = '0014_events'"
+        )
+        both_gone = await _expired_at(conn, now - 100 * DAY, 4)
+        expiry_gone = await _expired_at(conn, now - 100 * DAY, 3)
+        kept = await _expired_at(conn, now - 50 * DAY, 2)
+        await _expired_at(conn, now - 1 * DAY, 5)  # their events stay pending
+        await _sent_at(conn, both_gone, now - 100 * DAY + timedelta(minutes=1))
+        await _sent_at(conn, expiry_gone, now - 85 * DAY)  # a relay down for two weeks
+        await _sent_at(conn, kept, now - 50 * DAY)
+        listed = await store.list_partitions(conn)
+        sent_weeks = [p for p in listed.partitions if p.table == "expiry_events_sent"]
+        assert max(p.high for p in sent_weeks) >= now + timedelta(days=28)  # made ahead
+        before = await verify(conn, limit=5, scan_interval=settings.scan_interval_seconds)
+        assert not before.failed, before.lines()
+
+        report = await housekeeping.run(conn, settings, say=lambda _line: None)
+        dropped = await conn.fetch(
+            "SELECT table_name, rows FROM retention_actions WHERE action = 'dropped' ORDER BY 1"
+        )
+        assert [tuple(row) for row in dropped] == [
+            ("expiry_events_sent", 4),
+            ("reservation_transitions", 7),
+        ]
+        assert report.dropped_rows == 11
+        assert await _rows_of(conn, "expiry_events_sent") == 5  # the later weeks stay
+        assert await _rows_of(conn, "expiry_events") == 5  # pending: never dropped
+        after = await verify(conn, limit=5, scan_interval=settings.scan_interval_seconds)
+        assert not after.failed, after.lines()
+        assert after.events is not None
+        assert after.events.since == week_of(now - 50 * DAY)  # both tables hold it whole
+        assert (after.events.sent, after.events.pending) == (5, 5)
+
+        await conn.execute("UPDATE expiry_events SET created_at = now() - interval '200 days'")
+        later = now + 100 * DAY  # the clock moved on: the rest of the sent weeks go too
+        await housekeeping.run(conn, settings, now=later, say=lambda _line: None)
+        assert await _rows_of(conn, "expiry_events_sent") == 0
+        assert await _rows_of(conn, "expiry_events") == 5
+        retained = {t.name: t for t in (await store.retained(conn)).tables}
+        assert {"expiry_events", "expiry_events_sent"} <= set(retained)
+        assert retained["expiry_events"].since is None  # not partitioned: all of it is kept
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -316,10 +394,10 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
                 "INSERT INTO console_logins (name, known, client_host, device, outcome)"
                 " VALUES ('a', true, 'h', false, 'ok')"
             )
-            before = await _audit(conn)
+            before = await _audit(conn, AUDIT_TABLES[:4])  # expiry_events_sent: 0014 on
         await migrate(settings)
         async with support.pg_connection(url) as conn:
-            assert await _audit(conn) == before
+            assert await _audit(conn, AUDIT_TABLES[:4]) == before
             assert (
                 await conn.fetchval(
                     "SELECT relkind::text FROM pg_class WHERE relname = 'reservation_transitions'"
@@ -351,9 +429,11 @@ async def test_an_existing_database_moves_over_without_losing_a_row(
         await drop_database(endpoints.database_url, name)
 
 
-async def _audit(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, Any]:
+async def _audit(
+    conn: asyncpg.Connection[asyncpg.Record], tables: tuple[str, ...]
+) -> dict[str, Any]:
     found = {}
-    for table in AUDIT_TABLES:
+    for table in tables:
         row = await conn.fetchrow(
             "SELECT count(*) AS n, coalesce(max(id), 0) AS max_id,"
             f" md5(string_agg(id::text || at::text, ',' ORDER BY id)) AS digest FROM {table}"

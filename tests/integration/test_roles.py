@@ -1,10 +1,10 @@
 """Least privilege in the database: each command works as its role, and can do no more.
 
 The runtime roles (``expiry_consumer``, ``expiry_scan``, ``expiry_operator``)
-are created by migration 0005 and shared by every database of the cluster;
-the tests log in as them (the local server trusts every role) and never
+are created by migration 0005, ``expiry_relay`` by 0014, and shared by every database
+of the cluster; the tests log in as them (the local server trusts every role) and never
 change them. Tests that need roles of their own (missing, or racing to be
-created) run migration 0005 with the role names made unique, and drop what
+created) run the migrations with the role names made unique, and drop what
 they created.
 """
 
@@ -29,6 +29,7 @@ import pytest
 
 from service import scan
 from service.adapters import postgres
+from service.adapters.postgres import audit_trail, outbox
 from service.adapters.postgres.schema import Migration, load_migrations, migrate, schema_state
 from service.adapters.telemetry.metrics import Metrics
 from service.cli import cause_chain
@@ -48,8 +49,11 @@ REPO = Path(__file__).resolve().parents[2]
 CONSUMER = "expiry_consumer"
 SCAN = "expiry_scan"
 OPERATOR = "expiry_operator"
-RUNTIME_ROLES = (CONSUMER, SCAN, OPERATOR)
+RELAY = "expiry_relay"
+RUNTIME_ROLES = (CONSUMER, SCAN, OPERATOR)  # migration 0005's
+EVERY_ROLE = (*RUNTIME_ROLES, RELAY)  # 0014_events's too
 ROLES_MIGRATION = "0005_roles"
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
 
 # -- helpers ------------------------------------------------------------------------
 
@@ -118,24 +122,25 @@ async def throwaway_roles(endpoints: support.Endpoints, *names: str) -> AsyncIte
 def renamed_roles(suffix: str) -> dict[str, str]:
     """Runtime role name -> a name unique to one test."""
     return {
-        role: f"xr_{support.RUN_ID}_{suffix}_{role.removeprefix('expiry_')}"
-        for role in RUNTIME_ROLES
+        role: f"xr_{support.RUN_ID}_{suffix}_{role.removeprefix('expiry_')}" for role in EVERY_ROLE
     }
+
+
+def renamed(sql: str, names: dict[str, str]) -> str:
+    """``sql`` with the runtime roles renamed."""
+    pattern = re.compile(r"\b(" + "|".join(EVERY_ROLE) + r")\b")
+    return pattern.sub(lambda match: names[match.group(1)], sql)
 
 
 def roles_migration(names: dict[str, str]) -> str:
     """Migration 0005 with the runtime roles renamed (so that they are missing)."""
     [sql] = [m.sql for m in load_migrations() if m.version == ROLES_MIGRATION]
-    pattern = re.compile(r"\b(" + "|".join(RUNTIME_ROLES) + r")\b")
-    return pattern.sub(lambda match: names[match.group(1)], sql)
+    return renamed(sql, names)
 
 
 def migrations_with(names: dict[str, str]) -> list[Migration]:
-    """Every migration, 0005 with renamed roles."""
-    return [
-        Migration(m.version, roles_migration(names)) if m.version == ROLES_MIGRATION else m
-        for m in load_migrations()
-    ]
+    """Every migration, with renamed roles (0005 and 0014 create and grant them)."""
+    return [Migration(m.version, renamed(m.sql, names)) for m in load_migrations()]
 
 
 def before_roles() -> list[Migration]:
@@ -325,11 +330,11 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(
     stack: support.Stack,
 ) -> None:
     """Guarded updates, crash counts, dead-letter upserts and the gauges run as the consumer."""
-    first, second, third = await support.insert_holds(stack.database_url, 3)
+    first, second, third, fourth = await support.insert_holds(stack.database_url, 4)
     [future] = await support.insert_holds(stack.database_url, 1, due_in=3600)
     async with connected_as(stack.database_url, CONSUMER) as conn:
         await postgres.ping(conn)
-        assert (await postgres.backlog(conn)).total == 3
+        assert (await postgres.backlog(conn)).total == 4
         expire = postgres.expire_reservation
         assert (await expire(conn, first, message_id="m1", attempt=1, worker="w")).outcome == (
             Outcome.EXPIRED
@@ -349,6 +354,10 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(
             third: True,
         }
         assert await postgres.reservation_state(conn, second) == ("expired", True)
+        traced = await postgres.expire_batch(conn, [fourth], ["m6"], [1], [TRACE], worker="w")
+        assert traced[fourth].won
+        assert (await outbox.pending(conn)).count == 4  # the gauges read the outbox's backlog
+        await outbox.notify(conn)  # wakes the relays
         assert await postgres.mark_handling(conn, "m5") == 1
         assert await postgres.mark_handling(conn, "m5") == 2  # the upsert's update path
         await postgres.clear_handling(conn, "m5")
@@ -371,12 +380,39 @@ async def test_every_statement_of_the_consumer_runs_as_expiry_consumer(
         assert row is not None
         times_dead, owner, stored = row
         crashes = await conn.fetchval("SELECT count(*) FROM delivery_crashes")
-        events = await conn.fetch("SELECT kind, operator, db_user FROM dead_letter_events")
+        audit = await conn.fetch("SELECT kind, operator, db_user FROM dead_letter_events")
+        written = await conn.fetch("SELECT reservation_id, traceparent FROM expiry_events")
     assert (times_dead, crashes, owner, Policy.from_json(stored)) == (3, 0, rule.owner, policy)
-    assert [tuple(event) for event in events] == [("assigned", DEFAULT_OPERATOR, CONSUMER)]
+    assert [tuple(event) for event in audit] == [("assigned", DEFAULT_OPERATOR, CONSUMER)]
     assert await support.transitions_per_reservation(stack.database_url) == dict.fromkeys(
-        (first, second, third), 1
+        (first, second, third, fourth), 1
     )
+    assert {row["reservation_id"] for row in written} == {first, second, third, fourth}
+    assert {row["traceparent"] for row in written if row["reservation_id"] == fourth} == {TRACE}
+
+
+async def test_every_statement_of_the_relay_runs_as_expiry_relay(stack: support.Stack) -> None:
+    """Claims, marks (only while the lease holds), releases, the backlog, the wake-up and
+    the schema check all run as the relay."""
+    ids = await support.insert_holds(stack.database_url, 3)
+    async with connected_as(stack.database_url, CONSUMER) as conn:
+        await postgres.expire_batch(conn, ids, ["a", "b", "c"], [1, 1, 1], worker="w")
+    token, other = uuid.uuid4(), uuid.uuid4()
+    async with connected_as(stack.database_url, RELAY) as conn:
+        assert (await schema_state(conn)).current
+        claimed = await outbox.claim_events(conn, 2, lease_seconds=30, token=token)
+        assert len(claimed) == 2
+        assert await outbox.mark_sent(conn, [claimed[0].id], token=other, relay="r") == 0
+        assert await outbox.mark_sent(conn, [claimed[0].id], token=token, relay="r") == 1
+        await outbox.release_claim(conn, [claimed[1].id], token=token)
+        again = await outbox.claim_events(conn, 10, lease_seconds=30, token=other)
+        assert len(again) == 2
+        assert max(event.claims for event in again) == 2  # claimed before
+        assert (await outbox.pending(conn)).count == 2
+        await outbox.notify(conn)
+    async with support.pg_connection(stack.database_url) as conn:
+        sent = await conn.fetch("SELECT reservation_id, relay FROM expiry_events_sent")
+    assert [tuple(row) for row in sent] == [(claimed[0].reservation_id, "r")]
 
 
 async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: support.Stack) -> None:
@@ -436,6 +472,14 @@ async def test_every_statement_of_the_operator_runs_as_expiry_operator(
             assert (await postgres.verify_totals(conn))["expired"] == 1
             for name in postgres.VERIFY_CHECKS:
                 assert await postgres.verify_check(conn, name, limit=10, scan_interval=5) == []
+            for name in audit_trail.EVENT_CHECKS:
+                found = await audit_trail.verify_event_check(
+                    conn, name, limit=10, pending_bound=3600
+                )
+                assert found == []
+            totals = await audit_trail.event_totals(conn)
+            assert (totals.pending, totals.sent) == (1, 0)
+        assert (await outbox.pending(conn)).count == 1  # status reads the outbox's backlog
 
 
 # -- and no more ----------------------------------------------------------------------
@@ -484,6 +528,22 @@ CANNOT = {
         "CREATE TABLE public.intruder (id int)",
         "SET session_replication_role = replica",
         "CREATE ROLE intruder",
+        # The outbox: insert (through its expiries), nothing more.
+        "SELECT * FROM expiry_events",
+        "SELECT message_id, traceparent FROM expiry_events",
+        "UPDATE expiry_events SET lease_until = now()",
+        "UPDATE expiry_events SET message_id = 'x'",
+        "DELETE FROM expiry_events",
+        "TRUNCATE expiry_events",
+        f"INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id, "
+        f"created_at) VALUES ({NIL}, now(), now(), 'm', now() - interval '1 day')",
+        f"INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id, "
+        f"lease_token) VALUES ({NIL}, now(), now(), 'm', {NIL})",
+        "SELECT * FROM expiry_events_sent",
+        f"INSERT INTO expiry_events_sent (id, reservation_id, message_id, expired_at, "
+        f"created_at, claims, relay) VALUES (1, {NIL}, 'm', now(), now(), 1, 'r')",
+        "DELETE FROM expiry_events_sent",
+        "ALTER TABLE reservation_transitions DISABLE TRIGGER expiry_events_of_expiries",
     ],
     SCAN: [
         "UPDATE reservations SET status = 'expired'",
@@ -505,6 +565,11 @@ CANNOT = {
         "DROP TABLE publish_leases",
         "ALTER TABLE publish_leases DISABLE TRIGGER ALL",
         "CREATE TABLE public.intruder (id int)",
+        "SELECT * FROM expiry_events",
+        "SELECT count(*) FROM expiry_events",
+        f"INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id) "
+        f"VALUES ({NIL}, now(), now(), 'm')",
+        "SELECT * FROM expiry_events_sent",
     ],
     OPERATOR: [
         "UPDATE reservations SET status = 'expired'",
@@ -543,11 +608,49 @@ CANNOT = {
         "UPDATE console_sessions SET operator = 'mallory'",
         "UPDATE console_sessions SET started_at = now()",
         "UPDATE console_sessions SET token = token",
+        f"INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id) "
+        f"VALUES ({NIL}, now(), now(), 'm')",
+        "UPDATE expiry_events SET lease_until = now()",
+        "DELETE FROM expiry_events",
+        "TRUNCATE expiry_events",
+        f"INSERT INTO expiry_events_sent (id, reservation_id, message_id, expired_at, "
+        f"created_at, claims, relay) VALUES (1, {NIL}, 'm', now(), now(), 1, 'r')",
+        "DELETE FROM expiry_events_sent",
+    ],
+    # The relay: claim, read and mark the outbox, record what it sent; nothing else.
+    RELAY: [
+        "SELECT * FROM reservations",
+        "UPDATE reservations SET status = 'expired'",
+        "DELETE FROM reservations",
+        f"INSERT INTO reservations (id, hold_until) VALUES ({NIL}, now())",
+        "SELECT * FROM reservation_transitions",
+        f"INSERT INTO reservation_transitions (reservation_id, from_status, to_status, worker) "
+        f"VALUES ({NIL}, 'held', 'expired', 'w')",
+        "SELECT * FROM publish_leases",
+        "SELECT * FROM dead_letters",
+        "SELECT * FROM parked_holds",
+        "SELECT * FROM delivery_crashes",
+        "SELECT * FROM console_sessions",
+        f"INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id) "
+        f"VALUES ({NIL}, now(), now(), 'm')",
+        "UPDATE expiry_events SET message_id = 'x'",
+        "UPDATE expiry_events SET traceparent = NULL",
+        f"UPDATE expiry_events SET reservation_id = {NIL}",
+        "UPDATE expiry_events SET created_at = now()",
+        "TRUNCATE expiry_events",
+        "SELECT * FROM expiry_events_sent",
+        "UPDATE expiry_events_sent SET relay = 'x'",
+        "DELETE FROM expiry_events_sent",
+        "TRUNCATE expiry_events_sent",
+        "DELETE FROM schema_migrations",
+        "DROP TABLE expiry_events",
+        "ALTER TABLE expiry_events DISABLE TRIGGER ALL",
+        "CREATE TABLE public.intruder (id int)",
     ],
 }
 
 
-@pytest.mark.parametrize("role", RUNTIME_ROLES)
+@pytest.mark.parametrize("role", EVERY_ROLE)
 async def test_each_role_is_refused_everything_its_job_does_not_need(
     stack: support.Stack, role: str
 ) -> None:
@@ -602,8 +705,20 @@ GRANTS = {
     (CONSUMER, "reservations", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "reservations", "UPDATE"): "status updated_at",
     (CONSUMER, "reservation_transitions", "INSERT"): (
-        "reservation_id from_status to_status message_id attempt worker"
+        "reservation_id from_status to_status message_id attempt worker traceparent"
     ),
+    # The outbox: its expiries write the events (the trigger runs as the writer), and its
+    # gauges read the backlog's size and age; nothing of an event's payload.
+    (CONSUMER, "expiry_events", "INSERT"): "reservation_id hold_until expired_at message_id "
+    "traceparent",
+    (CONSUMER, "expiry_events", "SELECT"): "created_at lease_until",
+    (RELAY, "expiry_events", "SELECT"): EVERY_COLUMN,
+    (RELAY, "expiry_events", "DELETE"): EVERY_COLUMN,
+    (RELAY, "expiry_events", "UPDATE"): "lease_until lease_token claims",
+    (RELAY, "expiry_events_sent", "INSERT"): EVERY_COLUMN,
+    (RELAY, "schema_migrations", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "expiry_events", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "expiry_events_sent", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "INSERT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "DELETE"): EVERY_COLUMN,
@@ -677,7 +792,7 @@ async def test_the_grants_are_exactly_the_matrix_and_public_holds_nothing(
         owned = await conn.fetch(
             "SELECT relname FROM pg_class WHERE relowner::regrole::text = ANY($1::text[]) "
             "UNION ALL SELECT proname FROM pg_proc WHERE proowner::regrole::text = ANY($1::text[])",
-            list(RUNTIME_ROLES),
+            list(EVERY_ROLE),
         )
     found: dict[tuple[str, str, str], set[str]] = {}
     for row in rows:
@@ -785,7 +900,8 @@ async def test_two_databases_migrating_at_once_create_each_missing_role_once(
                 list(names.values()),
             )
         assert sorted(tuple(row) for row in created) == sorted(
-            (name, True) for name in names.values()
+            (names[role], True)
+            for role in RUNTIME_ROLES  # 0005's (0014 creates the relay's)
         )
 
 
@@ -840,7 +956,7 @@ async def test_init_sql_prepares_the_server_for_an_owner_without_superuser(
             )
         assert database_owner == owner
         assert sorted(tuple(row) for row in connect) == sorted(
-            (names[role], "CONNECT") for role in RUNTIME_ROLES
+            (names[role], "CONNECT") for role in EVERY_ROLE
         )  # PUBLIC may neither connect nor create temporary tables
     finally:
         await admin(
@@ -877,7 +993,7 @@ async def _passwords(url: str, names: dict[str, str]) -> dict[str, str]:
     return {row["rolname"]: row["rolpassword"] for row in rows}
 
 
-@pytest.mark.parametrize("role", RUNTIME_ROLES)
+@pytest.mark.parametrize("role", EVERY_ROLE)
 async def test_retention_refuses_a_runtime_role_and_changes_nothing(
     stack: support.Stack, role: str
 ) -> None:

@@ -142,6 +142,36 @@ async def test_the_head_decides_for_the_consumer_and_the_database(
     assert [(s.name, s.kind) for s in database] == [("expire reservations", SpanKind.CLIENT)]
 
 
+async def test_each_expiry_records_the_trace_its_event_continues(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """Batched together, a sampled job and an unsampled one: the sampled one's event
+    carries its consumer span's traceparent (the relay's publish continues that span),
+    the unsampled one's the command's own traceparent, as it came."""
+    spans.clear()
+    ids = await insert_holds(stack.database_url, 2)
+    now = datetime.now(UTC)
+    parents = {}
+    for rid, flags in zip(ids, ["01", "00"], strict=True):
+        parents[rid] = f"00-{secrets.randbits(128):032x}-{secrets.randbits(64) | 1:016x}-{flags}"
+        with suppress_instrumentation():  # the header as written, not the publisher's span
+            await publish_raw(
+                stack.amqp_url, [command_body(rid, now)], headers={"traceparent": parents[rid]}
+            )
+    async with running_consumer(stack.settings):  # both queued: one batch
+        await eventually(lambda: _expired(stack, 2))
+    [received] = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert received.context is not None
+    async with pg_connection(stack.database_url) as conn:
+        rows = await conn.fetch("SELECT reservation_id, traceparent FROM expiry_events")
+    recorded = {row["reservation_id"]: row["traceparent"] for row in rows}
+    assert recorded == {
+        ids[0]: telemetry.propagation.traceparent_from(received.context),
+        ids[1]: parents[ids[1]],
+    }
+    assert recorded[ids[0]].split("-")[1] == parents[ids[0]].split("-")[1]
+
+
 async def test_a_replay_is_a_trace_of_its_own_linked_to_the_job_it_replays(
     stack: Stack, spans: InMemorySpanExporter
 ) -> None:
@@ -345,3 +375,37 @@ async def test_health_endpoint_reports_liveness_readiness_and_metrics(stack: Sta
             await asyncio.sleep(0.2)
             assert (await client.get("/readyz")).status_code == 200
     provider.shutdown()
+
+
+async def test_the_trace_of_an_expiry_continues_into_its_events_publish(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """An event stored with its expiry's traceparent is published in a producer span that
+    is its child, with the messaging attributes, and carries the publish's context in its
+    headers; an event of no trace gets no span and no header."""
+    from tests.events_support import bind_reader_queue, collect_events, insert_events, running_relay
+
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    stored = f"00-{trace_id}-{parent_id}-01"
+    queue = await bind_reader_queue(stack.amqp_url)
+    [traced] = await insert_events(stack, 1, traceparent=stored)
+    [untraced] = await insert_events(stack, 1)
+    spans.clear()
+    async with running_relay(stack.with_settings(relay_poll_seconds=0.2).settings):
+        received = {e.message_id: e for e in await collect_events(stack.amqp_url, queue, 2)}
+    publishes = [s for s in spans.get_finished_spans() if s.name == "expiry.events publish"]
+    [span] = publishes
+    assert span.kind is SpanKind.PRODUCER
+    assert span.context is not None
+    assert span.parent is not None
+    assert (format(span.context.trace_id, "032x"), format(span.parent.span_id, "016x")) == (
+        trace_id,
+        parent_id,
+    )
+    assert span.attributes is not None
+    assert span.attributes["messaging.message.id"] == traced
+    assert span.attributes["messaging.destination.name"] == "expiry.events"
+    assert span.attributes["messaging.rabbitmq.destination.routing_key"] == "reservation.expired"
+    header = str(received[traced].headers["traceparent"])
+    assert header.split("-")[1:3] == [trace_id, format(span.context.span_id, "016x")]
+    assert "traceparent" not in received[untraced].headers

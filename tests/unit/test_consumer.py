@@ -77,14 +77,21 @@ class FakeStore:
     calls: list[str] = field(default_factory=list)
     locked: set[UUID] = field(default_factory=set)  # rows another transaction holds
     no_waiting_room: bool = False  # every connection that may wait for a row waits
+    traces: dict[UUID, str | None] = field(default_factory=dict)  # recorded with expiries
 
     async def expire_many(
-        self, ids: Sequence[UUID], message_ids: Sequence[str], attempts: Sequence[int]
+        self,
+        ids: Sequence[UUID],
+        message_ids: Sequence[str],
+        attempts: Sequence[int],
+        traceparents: Sequence[str | None],
     ) -> dict[UUID, BatchRow]:
         self.calls.append(f"batch of {len(ids)}")
         if self.fail_batches:
             raise OSError("connection lost")
-        return {rid: self._row(rid) for rid in ids}
+        rows = {rid: self._row(rid) for rid in ids}
+        self.traces.update((rid, tp) for rid, tp in zip(ids, traceparents, strict=True))
+        return rows
 
     def _row(self, rid: UUID) -> BatchRow:
         if rid in self.locked:  # skipped by the batch: held and due, not won
@@ -96,7 +103,12 @@ class FakeStore:
         return BatchRow(won=won, lag=0.1 if won else None, status=self.status.get(rid), due=True)
 
     async def expire_one(
-        self, reservation_id: UUID, attempt: Attempt, *, busy: bool = False
+        self,
+        reservation_id: UUID,
+        attempt: Attempt,
+        *,
+        busy: bool = False,
+        traceparent: str | None = None,
     ) -> Expiry:
         self.calls.append("alone, busy" if busy else "alone")
         if self.fail_alone is not None:
@@ -105,6 +117,7 @@ class FakeStore:
             raise RowLocked
         self.locked.discard(reservation_id)  # it waited until the other committed
         row = self._row(reservation_id)
+        self.traces[reservation_id] = traceparent
         if row.won:
             return Expiry(Outcome.EXPIRED, row.lag)
         return Expiry(Outcome.ALREADY_DONE, None)
@@ -514,3 +527,61 @@ async def test_a_retried_or_dead_lettered_job_ends_its_span_in_error(
     assert "hunter2" not in shown
     assert "customer-name-here" not in shown
     assert "hunter2" not in str(span.status.description)
+
+
+# -- the trace each expiry is recorded with (its event's publish continues it) ----------
+
+
+def _consumer_traceparent(exporter: InMemorySpanExporter) -> str:
+    [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
+    assert span.context is not None
+    return propagation.traceparent_from(span.context)
+
+
+@pytest.mark.parametrize("path", ["batched", "alone", "suspect"])
+async def test_a_sampled_delivery_records_its_consumer_span_with_its_expiry(
+    world: World, path: str
+) -> None:
+    """Traced and sampled: the audit row (and so the event) records the consumer span's
+    traceparent, whichever way the delivery is expired."""
+    exporter = InMemorySpanExporter()
+    world.consumer.tracing = _traced(exporter)
+    propagation.install()
+    world.store.fail_batches = path == "alone"
+    message = command(world.store, headers={"traceparent": SAMPLED}, redelivered=path == "suspect")
+    await world.deliver(message)
+    assert message.settled == ["ack"]
+    [recorded] = world.store.traces.values()
+    assert recorded == _consumer_traceparent(exporter)
+    assert recorded.split("-")[1] == SAMPLED.split("-")[1]  # in the job's trace
+    assert recorded.endswith("-01")
+
+
+@pytest.mark.parametrize(
+    ("traced", "headers", "recorded"),
+    [
+        (True, {"traceparent": UNSAMPLED}, UNSAMPLED),  # unsampled: the header, as read
+        (False, {"traceparent": SAMPLED}, SAMPLED),  # no tracing: the command's own
+        (False, {"traceparent": f" {UNSAMPLED}\t".encode()}, UNSAMPLED),
+        (False, {}, None),
+        (False, {"traceparent": 5}, None),  # forged: nothing recorded
+        (False, {"traceparent": UNSAMPLED.upper()}, None),
+        (False, {"traceparent": UNSAMPLED + "-more"}, None),
+        (False, {"traceparent": "00-" + "0" * 32 + "-b7ad6b7169203331-01"}, None),
+        (True, {"traceparent": "x" * 5000}, None),
+    ],
+)
+async def test_an_unsampled_or_untraced_delivery_records_its_commands_traceparent(
+    world: World, traced: bool, headers: dict[str, Any], recorded: str | None
+) -> None:
+    """Not sampled, or not traced: the command's own traceparent when it is a well-formed
+    W3C one (untrusted: anything else records nothing); no span is made for it."""
+    exporter = InMemorySpanExporter()
+    if traced:
+        world.consumer.tracing = _traced(exporter, sampling.DEFAULT_OFF)
+        propagation.install()
+    message = command(world.store, headers=headers)
+    await world.deliver(message)
+    assert message.settled == ["ack"]
+    assert list(world.store.traces.values()) == [recorded]
+    assert exporter.get_finished_spans() == ()

@@ -7,7 +7,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from service.adapters.telemetry.gauges import configure
-from service.adapters.telemetry.metrics import Gauges
+from service.adapters.telemetry.readings import Gauges
 from service.settings import Settings
 
 
@@ -55,3 +55,23 @@ def test_unowned_and_oldest_open_report_what_was_read_zero_included() -> None:
     values = _values(reader)
     assert values["expiry.dead_letters.unowned"] == 0
     assert values["expiry.oldest_open_dead_letter_age"] == 0
+
+
+def test_the_outbox_gauges_report_what_was_read_and_the_objective_its_setting() -> None:
+    """expiry_events_pending and expiry_events_oldest_pending_age_seconds: no series until
+    read (a process that may not read the outbox reports none), then what was read, zero
+    included; EXPIRY_EVENTS_OBJECTIVE_SECONDS is the gauge the alert compares with."""
+    gauges, reader = _gauges()
+    configure(gauges, Settings(events_objective_seconds=90))
+    values = _values(reader)
+    assert values["expiry.events.objective"] == 90
+    assert "expiry.events.pending" not in values
+    assert "expiry.events.oldest_pending_age" not in values
+    gauges.events_pending, gauges.oldest_pending_event_age_seconds = 12, 75.5
+    values = _values(reader)
+    assert (values["expiry.events.pending"], values["expiry.events.oldest_pending_age"]) == (
+        12,
+        75.5,
+    )
+    gauges.events_pending, gauges.oldest_pending_event_age_seconds = 0, 0.0
+    assert _values(reader)["expiry.events.pending"] == 0

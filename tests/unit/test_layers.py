@@ -27,6 +27,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "worker": frozenset({"core", "settings", "adapters"}),
     "ops": frozenset({"core", "settings", "adapters"}),
     "scan": frozenset({"core", "settings", "adapters"}),
+    # The relay's runtime, like scan's; its entry point (__main__) starts it with service.cli.
+    "relay": frozenset({"core", "settings", "adapters", "commands"}),
     "commands": frozenset({"core", "settings", "adapters", "worker", "ops", "scan"}),
     "console": frozenset({"core", "settings", "adapters", "ops", "commands"}),
     "demo": frozenset({"core", "settings", "adapters", "worker", "commands"}),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from service.adapters.postgres.audit_trail import AwaitingScan
+from service.adapters.postgres.audit_trail import AwaitingScan, EventTotals
 from service.adapters.postgres.leases import ScanPass
 from service.core.errors import UsageError
 from service.ops import dead_letters, replay
@@ -204,3 +204,39 @@ def test_a_replay_refused_without_an_operator_shows_as_none_given() -> None:
     [row] = [line for line in text if line.endswith("refused  this needs --operator NAME")]
     assert row.split()[1:3] == ["(none", "given)"]
     assert detail.as_json()["replays"][0]["operator"] == ""
+
+
+def test_the_outbox_has_its_line_and_its_checks_name_what_is_wrong() -> None:
+    """The events' counts and window on a line of their own (and in the JSON); a broken
+    promise of the outbox is named on the verdict line like any other check."""
+    since = datetime(2026, 12, 1, 9, 12, 44, tzinfo=UTC)
+    events = EventTotals(pending=2, sent=198, oldest_pending_seconds=0.4, since=since)
+    proven = Verdict({"expired": 200}, {"expired-without-exactly-one-event": []}, 20, events=events)
+    assert proven.exit_code == 0
+    assert proven.lines()[2] == "window: the whole audit trail"
+    assert proven.lines()[3] == (
+        "events: sent 198, pending 2 (the oldest 0.4s old); checked for the expiries since "
+        "2026-12-01T09:12:44+00:00 (the outbox's start, or where the audit trail or the "
+        "record of sent events begins, whichever is last)"
+    )
+    assert proven.as_json()["events"] == {
+        "pending": 2,
+        "sent": 198,
+        "oldest_pending_seconds": 0.4,
+        "checked_since": "2026-12-01T09:12:44+00:00",
+    }
+    stuck = Verdict(
+        {"expired": 200},
+        {
+            "event-pending-too-long": [
+                ("r1", "pending for 02:00:00 (expired:r1:1, claimed 0 time(s))")
+            ]
+        },
+        20,
+        events=EventTotals(1, 0, None, None),
+    )
+    assert stuck.exit_code == 1
+    assert stuck.lines()[0] == (
+        "verify: FAILED: event-pending-too-long (1); verify --json lists the reservations"
+    )
+    assert "events: sent 0, pending 1; checked for every expiry" in stuck.lines()[3]

@@ -58,6 +58,17 @@ def test_the_header_frame_is_what_pamqp_marshals(cmd: Command, channel_number: i
     )
 
 
+@pytest.mark.parametrize("message_type", ["reservation.expired", "t" * 255, "\u00e9v\u00e9nement"])
+@pytest.mark.parametrize("cmd", COMMANDS[:3], ids=range(3))
+def test_the_header_frame_of_another_type_is_what_pamqp_marshals(
+    cmd: Command, message_type: str
+) -> None:
+    """An event's header (its type ``reservation.expired``) is pamqp's bytes too."""
+    properties = properties_of(cmd.message_id, None, message_type)
+    expected = pamqp_frame.marshal(ContentHeader(body_size=len(cmd.body), properties=properties), 5)
+    assert header_frame(5, cmd, message_type) == expected
+
+
 def test_a_message_id_too_long_for_a_short_string_is_left_to_pamqp() -> None:
     """Over 255 bytes the template is not used: pamqp decides (it refuses)."""
     with pytest.raises(TypeError, match="exceeds maximum length"):

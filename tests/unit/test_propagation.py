@@ -61,3 +61,18 @@ def test_a_traceparent_reads_as_the_standard_reads_it(value: str, as_bytes: bool
     assert (propagation.traceparent_of(carrier) is not None) == standard.is_valid
     link = propagation.link_of(carrier, "traceparent")
     assert (link.context if link else trace.INVALID_SPAN_CONTEXT) == standard
+
+
+@given(value=traceparents)
+@example(value="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+def test_a_stored_traceparent_gives_the_context_the_standard_reads(value: str) -> None:
+    """An event's stored ``traceparent`` is the parent of its publish exactly when the
+    standard propagator reads it as a valid context, and then the same one."""
+    standard = _span_context(propagate.extract({"traceparent": value}))
+    context = propagation.context_of(value)
+    assert (_span_context(context) if context else trace.INVALID_SPAN_CONTEXT) == standard
+
+
+def test_no_stored_traceparent_gives_no_context() -> None:
+    """An event of no trace (an older writer's, an untraced job's) starts no span."""
+    assert propagation.context_of(None) is None

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from service.adapters.postgres.leases import ScanPass
-from service.adapters.telemetry.metrics import Backlog
+from service.adapters.postgres.outbox import Pending
+from service.adapters.telemetry.readings import Backlog
 from service.ops.health import Condition, QueueState, Status
 from service.ops.screen import as_json, dead_letter_note, pass_rows, queue_rows, render
 
@@ -276,3 +277,40 @@ def test_the_json_carries_the_verdict_and_problems_as_data_and_every_queue() -> 
     unread = as_json(_well(backlog=None, passes=[], database_error="E"))
     assert unread["backlog"] is None
     assert unread["objective_met"] is None
+
+
+def test_events_waiting_past_their_objective_are_an_alert_saying_start_the_relay() -> None:
+    """The oldest pending event older than EXPIRY_EVENTS_OBJECTIVE_SECONDS: an objective
+    missed (exit 3, like the oldest due hold's), saying how many wait and to start or
+    check the relay; within it, nothing is wrong, and the screen and JSON show the
+    backlog either way."""
+    within = _well(events=Pending(3, 2.5), events_objective_seconds=60.0)
+    assert within.problems == []
+    assert "pending events            3    the oldest 2.5s old, within the objective (1m)" in (
+        render(within)
+    )
+    behind = _well(events=Pending(40, 312.0), events_objective_seconds=60.0)
+    [problem] = behind.problems
+    assert (problem.condition, problem.exit_code, behind.exit_code) == (
+        Condition.EVENTS_BEHIND,
+        3,
+        3,
+    )
+    assert behind.verdict == (
+        "ALERT: the oldest pending event is 5m 12s old, over the objective of 1m"
+    )
+    assert "40 event(s) wait in the outbox" in problem.meaning
+    assert problem.todo.startswith(
+        "Events are not being published: start python -m service.relay, or check it"
+    )
+    assert "OVER the objective (1m)" in render(behind)
+    assert json.loads(json.dumps(as_json(behind)))["events"] == {
+        "pending": 40,
+        "oldest_pending_age_seconds": 312.0,
+        "objective_seconds": 60.0,
+        "objective_met": False,
+    }
+    empty = _well(events=Pending(0, 0.0))
+    assert "pending events            0    within the objective (1m)" in render(empty)
+    assert as_json(_well())["events"] is None  # not read: no line, null
+    assert "pending events" not in render(_well())

@@ -4,7 +4,8 @@
   KEDA on the management API, exactly the queue `expirations`, the unacked counted;
 - each workload its own ServiceAccount, that exists, with no token mounted;
 - each pod labelled for the network policies, and selected by the default deny;
-- the consumers' grace period covers their drain (EXPIRY_SHUTDOWN_TIMEOUT_SECONDS + 20 s);
+- the consumers' grace period covers their drain (EXPIRY_SHUTDOWN_TIMEOUT_SECONDS + 20 s),
+  the relay's its batch in hand (the publish timeout + the statement timeout + 20 s);
 - EXPIRY_SCAN_INTERVAL_SECONDS is the interval the scan really runs at;
 - every image went through components/image (a registry, a tag or digest);
 - Secrets referenced, never inline, and each one documented in secrets.example.yaml;
@@ -173,6 +174,26 @@ def _grace(objects: list[Obj], problems: list[str]) -> None:
                 )
 
 
+def _relay_grace(objects: list[Obj], problems: list[str]) -> None:
+    """The relay's grace period covers the batch in hand (its confirms, then its mark) and
+    the shutdown after it."""
+    maps = config_maps(objects)
+    for obj, template in workloads(objects):
+        for container in containers(template):
+            if "service.relay" not in [str(a) for a in container.get("command") or []]:
+                continue
+            env = plain_env(container, maps)
+            publish = float(env.get("EXPIRY_PUBLISH_TIMEOUT_SECONDS", "10"))
+            mark = float(env.get("EXPIRY_STATEMENT_TIMEOUT_MS", "10000")) / 1000
+            grace = dig(template, "spec", "terminationGracePeriodSeconds") or 30
+            if grace < publish + mark + GRACE_MARGIN_SECONDS:
+                problems.append(
+                    f"{ident(obj)}: terminationGracePeriodSeconds {grace} < "
+                    f"EXPIRY_PUBLISH_TIMEOUT_SECONDS {publish:g} + EXPIRY_STATEMENT_TIMEOUT_MS "
+                    f"{mark:g} s + {GRACE_MARGIN_SECONDS}"
+                )
+
+
 def _runs_every(obj: Obj, argv: list[str]) -> float | None:
     """How often a scan container runs: its --every, or its CronJob's minutes."""
     if "--every" in argv:
@@ -254,6 +275,7 @@ RULES: list[Callable[[list[Obj], list[str]], None]] = [
     _autoscalers,
     _pods,
     _grace,
+    _relay_grace,
     _interval,
     _images,
     _secrets,

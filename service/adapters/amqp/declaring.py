@@ -111,9 +111,12 @@ async def _exists(what: str, declaration: Awaitable[T]) -> None:
         ) from None
 
 
-async def check_topology(connection: AbstractConnection, settings: Settings) -> None:
-    """Check the topology without changing it; ``TopologyMismatch`` (one line) if it differs."""
-    topology = topology_for(settings)
+async def check_topology(
+    connection: AbstractConnection, settings: Settings, topology: Topology | None = None
+) -> None:
+    """Check the topology (by default all of it; the relay's part, ``events_topology()``,
+    for the relay) without changing it; ``TopologyMismatch`` (one line) if it differs."""
+    topology = topology or topology_for(settings)
     await require_topology(connection, topology)
     endpoint = management.endpoint_for(settings)
     try:

@@ -19,12 +19,21 @@ reason it was not.
 
 With tracing on, each command gets its producer span (``expirations publish``), ended
 at its confirm, and carries its context in its headers (the header frame is then
-marshalled by pamqp).
+marshalled by pamqp). A message that carries a ``traceparent`` (the relay's events: the
+trace of their expiry) gets its span as a child of it; a publisher made with
+``continued_only`` (the relay's) starts spans for those alone, so that a message of no
+trace costs nothing.
+
+The relay publishes its events the same way (``service/relay/``): a page is any run of
+messages to one exchange and routing key, each with its body, its stable message id and
+the ``type`` property of its publisher (``expire`` for a command, ``reservation.expired``
+for an event).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +44,7 @@ import aiormq.abc
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
@@ -43,6 +53,7 @@ from pamqp.header import ContentHeader
 from service.adapters.amqp import internals
 from service.adapters.amqp.connection import CHANNEL_ERRORS, not_confirmed_reason
 from service.adapters.amqp.messages import APP_ID, COMMAND_TYPE, CONTENT_TYPE
+from service.adapters.telemetry.propagation import context_of
 
 FRAME_END = b"\xce"
 HEADER_FRAME, BODY_FRAME = 2, 3
@@ -56,10 +67,12 @@ _HEADER_HEAD = struct.Struct(">HHQH")
 
 @dataclass(frozen=True)
 class Command:
-    """One command to publish: its body and its stable message id."""
+    """One message to publish (a command, or an event): its body, its stable message id,
+    and the trace it continues (a W3C ``traceparent``), if any."""
 
     body: bytes
     message_id: str
+    traceparent: str | None = None
 
 
 def _short_str(text: str) -> bytes | None:
@@ -68,7 +81,13 @@ def _short_str(text: str) -> bytes | None:
 
 
 _CONTENT_TYPE = _short_str(CONTENT_TYPE) or b""
-_TYPE_AND_APP = (_short_str(COMMAND_TYPE) or b"") + (_short_str(APP_ID) or b"")
+_APP = _short_str(APP_ID) or b""
+
+
+@functools.cache
+def _type_and_app(message_type: str) -> bytes:
+    """The type and app-id properties as a header frame holds them (a short string each)."""
+    return (_short_str(message_type) or b"") + _APP
 
 
 def publish_frame(channel_number: int, exchange: str, routing_key: str) -> bytes:
@@ -77,26 +96,29 @@ def publish_frame(channel_number: int, exchange: str, routing_key: str) -> bytes
     return pamqp_frame.marshal(method, channel_number)
 
 
-def properties_of(message_id: str, headers: dict[str, Any] | None = None) -> spec.Basic.Properties:
-    """A command's properties: persistent JSON with its stable id, our type and app id."""
+def properties_of(
+    message_id: str,
+    headers: dict[str, Any] | None = None,
+    message_type: str = COMMAND_TYPE,
+) -> spec.Basic.Properties:
+    """A message's properties: persistent JSON with its stable id, its type and our app id."""
     return spec.Basic.Properties(
         content_type=CONTENT_TYPE,
         delivery_mode=PERSISTENT,
         message_id=message_id,
-        message_type=COMMAND_TYPE,
+        message_type=message_type,
         app_id=APP_ID,
         headers=headers,
     )
 
 
-def header_frame(channel_number: int, command: Command) -> bytes:
-    """A command's content header frame, byte for byte what pamqp marshals for
-    ``properties_of(command.message_id)``, built from a template."""
+def header_frame(channel_number: int, command: Command, message_type: str = COMMAND_TYPE) -> bytes:
+    """A message's content header frame, byte for byte what pamqp marshals for
+    ``properties_of(command.message_id, None, message_type)``, built from a template."""
     message_id = _short_str(command.message_id)
-    if message_id is None:
-        header = ContentHeader(
-            body_size=len(command.body), properties=properties_of(command.message_id)
-        )
+    if message_id is None or len(message_type.encode()) > 255:
+        properties = properties_of(command.message_id, None, message_type)
+        header = ContentHeader(body_size=len(command.body), properties=properties)
         return pamqp_frame.marshal(header, channel_number)
     payload = b"".join(
         (
@@ -104,7 +126,7 @@ def header_frame(channel_number: int, command: Command) -> bytes:
             _CONTENT_TYPE,
             b"\x02",
             message_id,
-            _TYPE_AND_APP,
+            _type_and_app(message_type),
         )
     )
     return _FRAME_HEAD.pack(HEADER_FRAME, channel_number, len(payload)) + payload + FRAME_END
@@ -116,14 +138,18 @@ def body_frame(channel_number: int, body: bytes) -> bytes:
 
 
 def command_frames(
-    channel_number: int, method: bytes, command: Command, headers: dict[str, Any] | None
+    channel_number: int,
+    method: bytes,
+    command: Command,
+    headers: dict[str, Any] | None,
+    message_type: str = COMMAND_TYPE,
 ) -> bytes:
-    """The three frames of one command (its header marshalled by pamqp when it carries
+    """The three frames of one message (its header marshalled by pamqp when it carries
     headers)."""
     if headers is None:
-        header = header_frame(channel_number, command)
+        header = header_frame(channel_number, command, message_type)
     else:
-        properties = properties_of(command.message_id, headers)
+        properties = properties_of(command.message_id, headers, message_type)
         content = ContentHeader(body_size=len(command.body), properties=properties)
         header = pamqp_frame.marshal(content, channel_number)
     return method + header + body_frame(channel_number, command.body)
@@ -149,13 +175,17 @@ def supports_pages(channel: object) -> TypeGuard[aiormq.Channel]:
 
 @dataclass(eq=False)
 class PagePublisher:
-    """Pages of commands to one exchange and routing key, on a confirm channel of a
-    robust connection (the aiormq channel under it at the time of each page)."""
+    """Pages of messages to one exchange and routing key, on a confirm channel of a
+    robust connection (the aiormq channel under it at the time of each page), each of
+    type ``message_type``; with ``continued_only``, spans only for the messages that carry
+    a ``traceparent``."""
 
     channel: AbstractChannel
     exchange: str
     routing_key: str
     tracer: trace.Tracer | None = None
+    message_type: str = COMMAND_TYPE
+    continued_only: bool = False
 
     async def publish(self, commands: Sequence[Command], *, timeout: float) -> list[str | None]:
         """Publish ``commands`` (mandatory, persistent) and wait at most ``timeout`` seconds,
@@ -164,14 +194,12 @@ class PagePublisher:
         if not commands:
             return []
         deadline = asyncio.get_running_loop().time() + timeout
-        spans, headers = _start_spans(self.tracer, self.exchange, self.routing_key, commands)
+        spans, headers = self._start_spans(commands)
         underlay: aiormq.abc.AbstractChannel | None = None
         try:
             async with asyncio.timeout_at(deadline):
                 underlay = await self.channel.get_underlay_channel()
-                confirmations = await _publish(
-                    underlay, self.exchange, self.routing_key, commands, headers
-                )
+                confirmations = await _publish(underlay, self, commands, headers)
             outcomes = await _outcomes(confirmations, deadline, timeout)
         except CHANNEL_ERRORS as exc:  # the deadline (a TimeoutError) too
             outcomes = [not_confirmed_reason(exc, timeout)] * len(commands)
@@ -184,27 +212,48 @@ class PagePublisher:
         _end_spans(spans, outcomes)
         return outcomes
 
+    def _start_spans(
+        self, commands: Sequence[Command]
+    ) -> tuple[list[trace.Span | None], list[dict[str, Any] | None]]:
+        """A producer span per message (none when not tracing, nor, ``continued_only``, for
+        a message of no trace) and the headers that carry its context."""
+        if self.tracer is None:
+            return [], [None] * len(commands)
+        spans: list[trace.Span | None] = []
+        headers: list[dict[str, Any] | None] = []
+        for command in commands:
+            parent = context_of(command.traceparent)
+            if parent is None and self.continued_only:
+                spans.append(None)
+                headers.append(None)
+                continue
+            span = _producer_span(self.tracer, self.exchange, self.routing_key, command, parent)
+            carrier: dict[str, Any] = {}
+            propagate.inject(carrier, context=trace.set_span_in_context(span))
+            spans.append(span)
+            headers.append(carrier or None)
+        return spans, headers
+
 
 async def _publish(
     channel: aiormq.abc.AbstractChannel,
-    exchange: str,
-    routing_key: str,
+    publisher: PagePublisher,
     commands: Sequence[Command],
     headers: Sequence[dict[str, Any] | None],
 ) -> list[asyncio.Future[Any]]:
-    """Each command's confirmation, its frames written with the page's (or, where the
+    """Each message's confirmation, its frames written with the page's (or, where the
     channel does not allow that, published one by one)."""
     if supports_pages(channel) and all(
         len(command.body) < channel.max_content_size for command in commands
     ):
-        return await _write_page(channel, exchange, routing_key, commands, headers)
+        return await _write_page(channel, publisher, commands, headers)
     return [
         asyncio.ensure_future(
             channel.basic_publish(
                 command.body,
-                exchange=exchange,
-                routing_key=routing_key,
-                properties=properties_of(command.message_id, extra),
+                exchange=publisher.exchange,
+                routing_key=publisher.routing_key,
+                properties=properties_of(command.message_id, extra, publisher.message_type),
                 mandatory=True,
             )
         )
@@ -214,17 +263,17 @@ async def _publish(
 
 async def _write_page(
     channel: aiormq.Channel,
-    exchange: str,
-    routing_key: str,
+    publisher: PagePublisher,
     commands: Sequence[Command],
     headers: Sequence[dict[str, Any] | None],
 ) -> list[asyncio.Future[Any]]:
     """The page's frames as one write, its delivery tags and confirmations registered as
     ``basic_publish`` registers one command's, under the channel's lock."""
     number = channel.number
-    method = publish_frame(number, exchange, routing_key)
+    method = publish_frame(number, publisher.exchange, publisher.routing_key)
+    kind = publisher.message_type
     payload = b"".join(
-        command_frames(number, method, command, extra)
+        command_frames(number, method, command, extra, kind)
         for command, extra in zip(commands, headers, strict=True)
     )
     async with channel.lock:
@@ -287,37 +336,34 @@ def _forget(channel: object, commands: Sequence[Command]) -> None:
             lookup.pop(command.message_id, None)
 
 
-def _start_spans(
-    tracer: trace.Tracer | None, exchange: str, routing_key: str, commands: Sequence[Command]
-) -> tuple[list[trace.Span], list[dict[str, Any] | None]]:
-    """A producer span per command and the headers that carry its context (none when
-    not tracing)."""
-    if tracer is None:
-        return [], [None] * len(commands)
-    spans: list[trace.Span] = []
-    headers: list[dict[str, Any] | None] = []
-    for command in commands:
-        span = tracer.start_span(
-            f"{exchange} publish",
-            kind=SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "rabbitmq",
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "publish",
-                "messaging.destination.name": exchange,
-                "messaging.rabbitmq.destination.routing_key": routing_key,
-                "messaging.message.id": command.message_id,
-            },
-        )
-        carrier: dict[str, Any] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
-        spans.append(span)
-        headers.append(carrier or None)
-    return spans, headers
+def _producer_span(
+    tracer: trace.Tracer,
+    exchange: str,
+    routing_key: str,
+    command: Command,
+    parent: Context | None,
+) -> trace.Span:
+    """The producer span of one message, a child of ``parent`` (else of the current
+    context), with the messaging attributes."""
+    return tracer.start_span(
+        f"{exchange} publish",
+        context=parent,
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": exchange,
+            "messaging.rabbitmq.destination.routing_key": routing_key,
+            "messaging.message.id": command.message_id,
+        },
+    )
 
 
-def _end_spans(spans: Sequence[trace.Span], outcomes: Sequence[str | None]) -> None:
+def _end_spans(spans: Sequence[trace.Span | None], outcomes: Sequence[str | None]) -> None:
     for span, why in zip(spans, outcomes, strict=False):
+        if span is None:
+            continue
         if why is not None:
             span.set_attribute("error.type", "unconfirmed")
             span.set_status(Status(StatusCode.ERROR, why))

@@ -1,4 +1,5 @@
-"""The exactly-once proof from the audit trail: whole-table checks."""
+"""The exactly-once proof from the audit trail, and the outbox's from it: whole-table
+checks."""
 
 from __future__ import annotations
 
@@ -94,6 +95,74 @@ SELECT count(*) AS holds, min(r.hold_until) AS oldest_due,
 """
 
 
+# The outbox (migration 0014_events): every held -> expired transition since the outbox
+# exists has exactly one event, pending (expiry_events) or sent (expiry_events_sent); no
+# event lacks its expiry; none stays pending past a bound. Compared in the window the
+# three have in common: the audit trail's, the sent events' record (retention drops its
+# weeks by when they were sent, which may be after the trail's), and the outbox's own
+# (the migration's start, and a second's margin for a writer whose statement began in
+# the instant before the migration locked the trail; expiries before it have no event).
+EVENTS_SINCE = f"""greatest(
+    {WINDOW_START},
+    (SELECT coalesce(min(expiry_partition_low(i.inhrelid)), '-infinity')
+       FROM pg_inherits i WHERE i.inhparent = 'expiry_events_sent'::regclass),
+    (SELECT applied_at + interval '1 second' FROM schema_migrations
+      WHERE version = '0014_events'))"""
+# The event's message id, as the trigger makes it from the hold (core/events.py too).
+EXPECTED_EVENT_ID = (
+    "'expired:' || r.id || ':' || round(extract(epoch FROM r.hold_until) * 1000)::bigint"
+)
+EVENTS = """(SELECT reservation_id, message_id, expired_at, 'pending' AS state FROM expiry_events
+             UNION ALL
+             SELECT reservation_id, message_id, expired_at, 'sent' FROM expiry_events_sent)"""
+
+# Each lists its violations: (reservation id, a short fact); $1 the limit, $2 (the last)
+# the age in seconds past which a pending event is a violation.
+EVENT_CHECKS: dict[str, str] = {
+    "expired-without-exactly-one-event": f"""
+        WITH expired AS (
+            SELECT DISTINCT t.reservation_id FROM reservation_transitions t
+             WHERE t.from_status = 'held' AND t.to_status = 'expired' AND t.at >= {EVENTS_SINCE}
+        )
+        SELECT x.reservation_id, count(e.message_id)::text || ' event(s) with its message id'
+          FROM expired x
+          JOIN reservations r ON r.id = x.reservation_id
+          LEFT JOIN {EVENTS} e
+            ON e.reservation_id = x.reservation_id AND e.message_id = {EXPECTED_EVENT_ID}
+         GROUP BY x.reservation_id HAVING count(e.message_id) <> 1
+         LIMIT $1
+    """,
+    "event-without-its-expiry": f"""
+        SELECT e.reservation_id, e.state || ' event ' || e.message_id || ': '
+               || CASE WHEN r.id IS NULL THEN 'no such reservation'
+                       WHEN e.message_id <> {EXPECTED_EVENT_ID} THEN 'not its hold''s message id'
+                       ELSE 'no expiry recorded at ' || e.expired_at::text END
+          FROM {EVENTS} e LEFT JOIN reservations r ON r.id = e.reservation_id
+         WHERE e.expired_at >= {EVENTS_SINCE}
+           AND (r.id IS NULL OR e.message_id <> {EXPECTED_EVENT_ID}
+                OR NOT EXISTS (SELECT 1 FROM reservation_transitions t
+                                WHERE t.reservation_id = e.reservation_id
+                                  AND t.from_status = 'held' AND t.to_status = 'expired'
+                                  AND t.at = e.expired_at))
+         LIMIT $1
+    """,
+    "event-pending-too-long": """
+        SELECT reservation_id, 'pending for ' || date_trunc('second', now() - created_at)::text
+               || ' (' || message_id || ', claimed ' || claims || ' time(s))'
+          FROM expiry_events WHERE created_at < now() - make_interval(secs => $2)
+         ORDER BY created_at
+         LIMIT $1
+    """,
+}
+EVENT_TOTALS = f"""
+SELECT (SELECT count(*) FROM expiry_events) AS pending,
+       (SELECT count(*) FROM expiry_events_sent) AS sent,
+       (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM expiry_events)
+           AS oldest_pending_seconds,
+       {EVENTS_SINCE} AS since
+"""
+
+
 # Whole-table checks: hash and merge joins (a nested loop over a table without
 # statistics yet can take minutes), and more time than a single update gets.
 VERIFY_SESSION = "SET LOCAL enable_nestloop = off; SET LOCAL statement_timeout = '10min'"
@@ -139,4 +208,35 @@ async def verify_check(
     """The violations of one named check (at most ``limit``)."""
     sql = VERIFY_CHECKS[name]
     args: tuple[object, ...] = (limit, scan_interval) if "$2" in sql else (limit,)
+    return [(row[0], row[1]) for row in await conn.fetch(sql, *args)]
+
+
+@dataclass(frozen=True)
+class EventTotals:
+    """The outbox as verify sees it: what waits, what was sent, and since when each
+    expiry must have its event (None: since always)."""
+
+    pending: int
+    sent: int
+    oldest_pending_seconds: float | None  # None: nothing pending
+    since: datetime | None
+
+
+async def event_totals(conn: Connection) -> EventTotals:
+    """The outbox's counts and the window its checks cover."""
+    row = await conn.fetchrow(EVENT_TOTALS)
+    assert row is not None  # scalar subqueries: always a row
+    since: datetime | None = row["since"]
+    if since is not None and since.year == 1:  # -infinity
+        since = None
+    return EventTotals(row["pending"], row["sent"], row["oldest_pending_seconds"], since)
+
+
+async def verify_event_check(
+    conn: Connection, name: str, *, limit: int, pending_bound: float
+) -> list[tuple[UUID, str]]:
+    """The violations of one of the outbox's checks (at most ``limit``); a pending event
+    older than ``pending_bound`` seconds is one."""
+    sql = EVENT_CHECKS[name]
+    args: tuple[object, ...] = (limit, pending_bound) if "$2" in sql else (limit,)
     return [(row[0], row[1]) for row in await conn.fetch(sql, *args)]

@@ -140,6 +140,7 @@ INSERT INTO retention_runs (runner, finished_at, result) VALUES ($1, now(), $2)
 TABLES = (
     "reservations",
     "publish_leases",
+    "expiry_events",  # the outbox: pending events only (never dropped; the sent ones are audit)
     *AUDIT_TABLES,
     "dead_letters",
     "parked_holds",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -33,27 +34,36 @@ CLOCK_NOW = "SELECT clock_timestamp()"
 PING = "SELECT 1"
 
 
-def _connect_options(settings: Settings, application_name: str) -> dict[str, Any]:
+def _connect_options(
+    settings: Settings, application_name: str, *, flushed: bool = True
+) -> dict[str, Any]:
+    server_settings = {
+        "application_name": application_name,
+        "lock_timeout": str(settings.lock_timeout_ms),
+        "statement_timeout": str(settings.statement_timeout_ms),
+    }
+    if not flushed:
+        server_settings["synchronous_commit"] = "off"
     return {
         "timeout": settings.db_connect_timeout_seconds,
         "command_timeout": settings.statement_timeout_ms / 1000 + 5,
-        "server_settings": {
-            "application_name": application_name,
-            "lock_timeout": str(settings.lock_timeout_ms),
-            "statement_timeout": str(settings.statement_timeout_ms),
-        },
+        "server_settings": server_settings,
     }
 
 
-async def create_pool(settings: Settings, *, application_name: str, size: int) -> Pool:
-    """Open a pool whose sessions carry the lock and statement timeouts."""
+async def create_pool(
+    settings: Settings, *, application_name: str, size: int, flushed: bool = True
+) -> Pool:
+    """Open a pool whose sessions carry the lock and statement timeouts. ``flushed=False``:
+    its commits return before PostgreSQL has flushed them to disk (``synchronous_commit
+    off``), for writes that a crash may lose without harm (the relay's claims and marks)."""
     try:
         return await asyncpg.create_pool(
             settings.database_url,
             min_size=1,
             max_size=size,
             reset=_keep_session,
-            **_connect_options(settings, application_name),
+            **_connect_options(settings, application_name, flushed=flushed),
         )
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _unreachable(settings, exc) from exc
@@ -102,10 +112,11 @@ def connected(
 
 
 def pooled(
-    settings: Settings, *, name: str, size: int
+    settings: Settings, *, name: str, size: int, flushed: bool = True
 ) -> contextlib.AbstractAsyncContextManager[Pool]:
-    """A pool of at most ``size`` connections for the block, closed at its end."""
-    return _closed_at_end(create_pool(settings, application_name=name, size=size))
+    """A pool of at most ``size`` connections for the block, closed at its end
+    (``flushed``: see ``create_pool``)."""
+    return _closed_at_end(create_pool(settings, application_name=name, size=size, flushed=flushed))
 
 
 def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
@@ -116,6 +127,17 @@ def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
 async def ping(conn: Connection) -> None:
     """A round trip: the connection works."""
     await conn.fetchval(PING)
+
+
+async def answers(pool: Pool, timeout: float) -> bool:
+    """Whether a connection of ``pool`` makes a round trip within ``timeout`` (a process's
+    readiness): any failure is a "no", which is the answer."""
+    try:
+        async with asyncio.timeout(timeout), pool.acquire() as conn:
+            await ping(conn)
+    except Exception:  # any failure means "not ready", which is the answer
+        return False
+    return True
 
 
 async def db_now(conn: Connection) -> datetime:

@@ -8,12 +8,14 @@ from uuid import UUID
 import asyncpg
 
 from service.adapters.postgres.pool import Connection
-from service.adapters.telemetry.metrics import BACKLOG_BUCKETS, Backlog
+from service.adapters.telemetry.readings import BACKLOG_BUCKETS, Backlog
 from service.core.domain import BatchRow, Expiry, outcome_of
 
 # The guarded transition and its audit row, in one statement (so one
 # transaction): only a held reservation whose deadline has passed by the
-# database's clock moves to expired, and only the winner writes the audit row.
+# database's clock moves to expired, and only the winner writes the audit row,
+# with the trace of its delivery ($5, NULL: none), whose insert writes the event
+# (the trigger of migration 0014_events: nothing more is sent from here).
 # It waits for a row another transaction holds (up to the lock timeout).
 _EXPIRE_ONE = """
 WITH {locked}expired AS (
@@ -25,8 +27,8 @@ WITH {locked}expired AS (
               FROM publish_leases l WHERE l.reservation_id = reservations.id) AS since_published
 ), audit AS (
     INSERT INTO reservation_transitions
-           (reservation_id, from_status, to_status, message_id, attempt, worker)
-    SELECT id, 'held', 'expired', $2, $3, $4 FROM expired
+           (reservation_id, from_status, to_status, message_id, attempt, worker, traceparent)
+    SELECT id, 'held', 'expired', $2, $3, $4, $5 FROM expired
 )
 SELECT EXISTS (SELECT 1 FROM expired) AS won, (SELECT lag FROM expired) AS lag,
        (SELECT since_published FROM expired) AS since_published,
@@ -60,20 +62,21 @@ async def expire_reservation(
     attempt: int,
     worker: str,
     lock_wait_ms: int | None = None,
+    traceparent: str | None = None,
 ) -> Expiry:
     """Run the guarded transition; return what happened (raises for unknown ids).
 
     ``lock_wait_ms``: wait at most that long for a row another transaction holds
     (instead of the session's lock timeout), then raise ``LockNotAvailableError``.
+    ``traceparent``: the delivery's trace, recorded with the audit row (and its event).
     """
+    args = (reservation_id, message_id, attempt, worker, traceparent)
     if lock_wait_ms is None:
-        row = await conn.fetchrow(EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker)
+        row = await conn.fetchrow(EXPIRE_RESERVATION, *args)
     else:
         async with conn.transaction():
             await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
-            row = await conn.fetchrow(
-                EXPIRE_RESERVATION, reservation_id, message_id, attempt, worker
-            )
+            row = await conn.fetchrow(EXPIRE_RESERVATION, *args)
     assert row is not None  # the LEFT JOIN always yields one row
     won, status, due = bool(row["won"]), row["status"], bool(row["due"])
     if not won and status == "held" and due:
@@ -86,12 +89,14 @@ async def expire_reservation(
 
 # The batched guarded update: rows are locked in id order (so two consumers
 # with overlapping batches never deadlock), the guard is the same as above, and
-# every winner writes its audit row; one row per distinct id comes back. A row
-# another transaction holds (the support side consuming it, say) is skipped, not
-# waited for: it comes back held and due but not won, and only it goes on alone.
+# every winner writes its audit row (with its delivery's trace), and so its event;
+# one row per distinct id comes back. A row another transaction holds (the support
+# side consuming it, say) is skipped, not waited for: it comes back held and due
+# but not won, and only it goes on alone.
 EXPIRE_BATCH = """
 WITH batch AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[]) AS b (id, message_id, attempt)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[])
+                  AS b (id, message_id, attempt, traceparent)
 ), locked AS (
     SELECT r.id FROM reservations r JOIN batch b ON b.id = r.id
      WHERE r.status = 'held' AND r.hold_until <= now()
@@ -107,8 +112,8 @@ WITH batch AS (
               FROM publish_leases pl WHERE pl.reservation_id = r.id) AS since_published
 ), audit AS (
     INSERT INTO reservation_transitions
-           (reservation_id, from_status, to_status, message_id, attempt, worker)
-    SELECT e.id, 'held', 'expired', b.message_id, b.attempt, $4
+           (reservation_id, from_status, to_status, message_id, attempt, worker, traceparent)
+    SELECT e.id, 'held', 'expired', b.message_id, b.attempt, $5, b.traceparent
       FROM expired e JOIN batch b ON b.id = e.id
 )
 SELECT b.id, e.id IS NOT NULL AS won, e.lag, e.since_published, r.status,
@@ -124,24 +129,29 @@ async def expire_batch(
     ids: Sequence[UUID],
     message_ids: Sequence[str],
     attempts: Sequence[int],
+    traceparents: Sequence[str | None] | None = None,
     *,
     worker: str,
 ) -> dict[UUID, BatchRow]:
     """Run the guarded transition for distinct ids in one statement (one transaction),
-    never waiting for a row another transaction holds (that row is not won).
+    never waiting for a row another transaction holds (that row is not won); each
+    winner's audit row records its ``traceparents`` entry (None: none).
 
     A batch of one runs the single-row statement, the same transition and audit
     row for less of PostgreSQL's time (the batched statement's arrays, unnest and
     joins are paid for nothing; figures: docs/benchmark.md#a-batch-of-one): under a
     steady load, and with ``EXPIRY_BATCH_SIZE=1``, most batches hold one delivery.
     """
+    traces = list(traceparents) if traceparents is not None else [None] * len(ids)
     if len(ids) == 1:
         one = await conn.fetchrow(
-            EXPIRE_RESERVATION_UNLESS_LOCKED, ids[0], message_ids[0], attempts[0], worker
+            EXPIRE_RESERVATION_UNLESS_LOCKED, ids[0], message_ids[0], attempts[0], worker, traces[0]
         )
         assert one is not None  # the LEFT JOIN always yields one row
         return {ids[0]: _batch_row(one)}
-    rows = await conn.fetch(EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), worker)
+    rows = await conn.fetch(
+        EXPIRE_BATCH, list(ids), list(message_ids), list(attempts), traces, worker
+    )
     return {row["id"]: _batch_row(row) for row in rows}
 
 

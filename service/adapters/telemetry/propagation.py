@@ -124,6 +124,18 @@ def link_of(carrier: object, name: str) -> trace.Link | None:
     return trace.Link(span_context) if span_context.is_valid else None
 
 
+def context_of(traceparent: str | None) -> otel_context.Context | None:
+    """The context of a stored W3C ``traceparent`` (the trace an event's expiry ran in),
+    to start a child span in; None when there is none or it is not well formed."""
+    if traceparent is None:
+        return None
+    value = traceparent_of({"traceparent": traceparent})
+    if value is None:
+        return None
+    context = _W3C.extract({"traceparent": value})
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
 def unsampled(carrier: object) -> bool:
     """True when the carrier holds a well-formed ``traceparent`` whose sampled flag is off
     and the installed propagator reads it: the head of the trace decided not to sample it.
@@ -132,11 +144,28 @@ def unsampled(carrier: object) -> bool:
     work for the delivery. Anything else (no header, a forged or unreadable one, another
     propagator) is False: the delivery is read the usual way.
     """
+    return unsampled_traceparent(carrier) is not None
+
+
+def unsampled_traceparent(carrier: object) -> str | None:
+    """The carrier's ``traceparent`` when ``unsampled`` says so (the text, as
+    ``traceparent_of`` gives it), else None: what an unsampled delivery records with its
+    expiry for the event's publish to carry on, at the cost of this one read."""
     textmap = propagate.get_global_textmap()
     if not isinstance(textmap, SafePropagator) or not textmap.reads_traceparent:
-        return False
+        return None
     found = _read(carrier, "traceparent")
-    return found is not None and not int(found[2], 16) & 1
+    if found is None or int(found[2], 16) & 1:
+        return None
+    return found.group(0).strip(" \t")
+
+
+def traceparent_from(span_context: trace.SpanContext) -> str:
+    """The W3C ``traceparent`` (version 00) of a span."""
+    return (
+        f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}"
+        f"-{int(span_context.trace_flags):02x}"
+    )
 
 
 def install() -> None:

@@ -1,0 +1,117 @@
+"""The relay process, from its start to a clean stop.
+
+At its start it checks that every migration it ships is applied (exit 5 otherwise) and
+that the events exchange exists on the broker as ``declare`` declares it (it may not
+configure: exit 1 with one line otherwise); then it opens a confirm channel on a robust
+connection (which reconnects by itself, to the other nodes of ``AMQP_URL`` too), a small
+pool for its claims and marks, and its listener (``listener.py``), and drains the outbox
+(``pump.py``) until SIGTERM or SIGINT: the batch in hand is finished (published and
+marked), then it closes everything and ``python -m service.relay`` exits 0.
+
+Its endpoint (``EXPIRY_HTTP_PORT``) serves ``/healthz`` (the event loop answers),
+``/readyz`` (its last look into the outbox succeeded, recently; the broker connection
+and its channel are open; the database answers; it listens) and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+
+from service.adapters import amqp, postgres
+from service.adapters.amqp.declaring import check_topology
+from service.adapters.amqp.page_publisher import PagePublisher
+from service.adapters.http.server import HealthServer
+from service.adapters.postgres.schema import require_current_schema
+from service.adapters.telemetry import tracer_for
+from service.adapters.telemetry.relay_metrics import RelayMetrics
+from service.core.events import EVENT
+from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, events_topology
+from service.relay.exit_points import exits_for
+from service.relay.listener import Listener, listening
+from service.relay.pump import Pump
+from service.settings import Settings
+
+log = logging.getLogger("service.relay")
+
+# Claims and marks take turns on one connection; the other answers /readyz.
+POOL_SIZE = 2
+READINESS_TIMEOUT_SECONDS = 2.0
+
+
+async def run(
+    settings: Settings, stop: asyncio.Event, *, metrics: RelayMetrics | None = None
+) -> Pump:
+    """Relay events until ``stop`` is set; finish the batch in hand, close, and return the
+    pump (what it did: ``pump.ledger``)."""
+    metrics = metrics or RelayMetrics()
+    async with contextlib.AsyncExitStack() as opened:
+        pool = await opened.enter_async_context(
+            # A claim or a mark that a crash of PostgreSQL loses is harmless (the event
+            # is claimed and published again, with its id), so their commits do not wait
+            # for the disk: each batch waits on two commits (docs/benchmark.md, "Events").
+            # The events themselves are written by the expiries, flushed.
+            postgres.pooled(settings, name="expiry-relay", size=POOL_SIZE, flushed=False)
+        )
+        async with pool.acquire() as conn:
+            await require_current_schema(conn)
+        connection = await opened.enter_async_context(
+            amqp.connected(settings, name=f"expiry-relay {settings.worker_id}")
+        )
+        await check_topology(connection, settings, events_topology())
+        channel = await amqp.open_confirm_channel(connection)
+        publisher = PagePublisher(
+            channel,
+            EVENTS_EXCHANGE,
+            EVENT_ROUTING_KEY,
+            tracer_for("service.relay"),
+            message_type=EVENT,
+            continued_only=True,
+        )
+        pump = Pump(settings, pool, publisher, metrics, exits_for(settings.failpoint))
+        wake = asyncio.Event()
+        listener = await opened.enter_async_context(listening(settings, wake))
+        metrics.is_listening = lambda: listener.listening
+        async with _endpoint(settings, pump, listener, connection, channel, pool):
+            log.info(
+                "relay.started",
+                extra={"exchange": EVENTS_EXCHANGE, "batch_size": settings.relay_batch_size},
+            )
+            await pump.run(stop, wake)
+        await channel.close()
+    log.info("relay.stopped", extra=pump.ledger.facts())
+    return pump
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(
+    settings: Settings,
+    pump: Pump,
+    listener: Listener,
+    connection: AbstractRobustConnection,
+    channel: AbstractChannel,
+    pool: postgres.Pool,
+) -> AsyncIterator[None]:
+    """``/healthz``, ``/readyz`` and ``/metrics`` on ``EXPIRY_HTTP_PORT`` (none when 0)."""
+    if not settings.http_port:
+        yield
+        return
+
+    async def readiness() -> dict[str, bool]:
+        return {
+            "draining": pump.health.draining(),
+            "broker": connection.connected.is_set() and not channel.is_closed,
+            "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
+            "listening": listener.listening,
+        }
+
+    server = HealthServer(readiness, metrics=True)
+    await server.start(settings.http_host, settings.http_port)
+    try:
+        yield
+    finally:
+        await server.close()
