@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from typing import Protocol
 
+from opentelemetry.metrics import Meter
 from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 # OpenTelemetry units as the Prometheus exporter names them (the only ones used here).
 _UNITS = {"s": "seconds"}
@@ -112,3 +113,42 @@ def scope_labels(name: str, version: str | None, schema_url: str | None) -> dict
         "otel_scope_schema_url": schema_url or "",
         "otel_scope_version": version or "",
     }
+
+
+# A histogram's name, unit, description and bucket bounds.
+Spec = tuple[str, str, str, tuple[float, ...]]
+
+
+class Histograms:
+    """One process's histograms, made from ``specs``: ``LocalHistogram``s shown in
+    ``prometheus`` when it is given (the registry a scrape reads, when Prometheus is the
+    only reader), else the SDK's instruments. ``recorders`` follow ``specs``' order;
+    ``close`` takes the local ones back out of the registry."""
+
+    def __init__(
+        self, meter: Meter, specs: Sequence[Spec], prometheus: CollectorRegistry | None
+    ) -> None:
+        self._served: tuple[CollectorRegistry, HistogramCollector] | None = None
+        self.recorders: list[Records]
+        if prometheus is None:
+            self.recorders = [
+                meter.create_histogram(
+                    name, unit=unit, description=text, explicit_bucket_boundaries_advisory=b
+                )
+                for name, unit, text, b in specs
+            ]
+            return
+        local = [LocalHistogram(*spec) for spec in specs]
+        collector = HistogramCollector(
+            local, scope_labels(meter.name, meter.version, meter.schema_url)
+        )
+        prometheus.register(collector)
+        self._served = (prometheus, collector)
+        self.recorders = list(local)
+
+    def close(self) -> None:
+        """Take the histograms aggregated here back out of the registry they were shown in."""
+        if self._served is not None:
+            registry, collector = self._served
+            registry.unregister(collector)
+            self._served = None

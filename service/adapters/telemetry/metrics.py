@@ -32,7 +32,7 @@ def _meter(meter: Meter | None) -> Meter:
 
 
 # The consumer's histograms: (name, unit, description, bucket bounds).
-HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
+HISTOGRAMS: tuple[histograms.Spec, ...] = (
     ("expiry.processing.duration", "s", "Time to handle one delivery", DURATION_BOUNDARIES),
     (
         "expiry.lag",
@@ -90,33 +90,12 @@ class Metrics:
             unit="{dead_letter}",
             description="Dead-letterings recorded, whatever did them (the broker too)",
         )
-        self._served: tuple[CollectorRegistry, histograms.HistogramCollector] | None = None
-        recorders: list[histograms.Records]
-        if prometheus is not None:
-            local = [histograms.LocalHistogram(*spec) for spec in HISTOGRAMS]
-            scope = histograms.scope_labels(meter.name, meter.version, meter.schema_url)
-            collector = histograms.HistogramCollector(local, scope)
-            prometheus.register(collector)
-            self._served = (prometheus, collector)
-            recorders = list(local)
-        else:
-            recorders = [
-                meter.create_histogram(
-                    name,
-                    unit=unit,
-                    description=description,
-                    explicit_bucket_boundaries_advisory=bounds,
-                )
-                for name, unit, description, bounds in HISTOGRAMS
-            ]
-        self.processing, self.lag, self.claim_to_finish = recorders
+        self._histograms = histograms.Histograms(meter, HISTOGRAMS, prometheus)
+        self.processing, self.lag, self.claim_to_finish = self._histograms.recorders
 
     def close(self) -> None:
         """Take the histograms aggregated here back out of the registry they were shown in."""
-        if self._served is not None:
-            registry, collector = self._served
-            registry.unregister(collector)
-            self._served = None
+        self._histograms.close()
 
     def outcome(
         self,

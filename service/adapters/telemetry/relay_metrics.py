@@ -39,7 +39,7 @@ COMMIT_TO_CONFIRM_BOUNDARIES = (
 )
 
 # The relay's histograms: (name, unit, description, bucket bounds).
-HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
+HISTOGRAMS: tuple[histograms.Spec, ...] = (
     (
         "expiry.relay.batch.duration",
         "s",
@@ -94,23 +94,8 @@ class RelayMetrics:
         self.failures = meter.create_counter(
             "expiry.relay.failures", unit="{batch}", description="Batches failed, by error class"
         )
-        self._served: tuple[CollectorRegistry, histograms.HistogramCollector] | None = None
-        recorders: list[histograms.Records]
-        if prometheus is not None:
-            local = [histograms.LocalHistogram(*spec) for spec in HISTOGRAMS]
-            scope = histograms.scope_labels(meter.name, meter.version, meter.schema_url)
-            collector = histograms.HistogramCollector(local, scope)
-            prometheus.register(collector)
-            self._served = (prometheus, collector)
-            recorders = list(local)
-        else:
-            recorders = [
-                meter.create_histogram(
-                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=b
-                )
-                for name, unit, description, b in HISTOGRAMS
-            ]
-        self.batch_duration, self.commit_to_confirm = recorders
+        self._histograms = histograms.Histograms(meter, HISTOGRAMS, prometheus)
+        self.batch_duration, self.commit_to_confirm = self._histograms.recorders
         meter.create_observable_gauge(
             "expiry.relay.last_success_timestamp",
             callbacks=[self._observe_last_success],
@@ -126,10 +111,7 @@ class RelayMetrics:
 
     def close(self) -> None:
         """Take the histograms aggregated here back out of the registry they were shown in."""
-        if self._served is not None:
-            registry, collector = self._served
-            registry.unregister(collector)
-            self._served = None
+        self._histograms.close()
 
     def batch(
         self,
