@@ -42,6 +42,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'expiry_relay') THEN
         CREATE ROLE expiry_relay LOGIN PASSWORD 'relay-change-me';
     END IF;
+    -- python -m service.deliver
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'expiry_deliver') THEN
+        CREATE ROLE expiry_deliver LOGIN PASSWORD 'deliver-change-me';
+    END IF;
 END
 $$;
 
@@ -56,7 +60,8 @@ ALTER DATABASE expiry OWNER TO expiry_owner;
 -- Only the service's roles may connect, and none may create temporary tables
 -- (PUBLIC may do both by default). The owner keeps every right on its database.
 REVOKE ALL ON DATABASE expiry FROM PUBLIC;
-GRANT CONNECT ON DATABASE expiry TO expiry_consumer, expiry_scan, expiry_operator, expiry_relay;
+GRANT CONNECT ON DATABASE expiry TO expiry_consumer, expiry_scan, expiry_operator, expiry_relay,
+    expiry_deliver;
 
 \connect expiry
 

@@ -99,9 +99,9 @@ def _owner_of(event: Row) -> str:
 
 
 def _replays_since(replays: Sequence[Row], since: datetime) -> list[tuple[datetime, str]]:
-    """The replays since ``since`` that changed the record (republished)."""
+    """The replays since ``since`` that changed the record (republished, redelivering)."""
     return [
         (replay["at"], f"replayed (by {cell(replay['operator'])})")
         for replay in replays
-        if replay["outcome"] == "republished" and replay["at"] >= since
+        if replay["outcome"] in postgres.REPLAYED_OUTCOMES and replay["at"] >= since
     ]

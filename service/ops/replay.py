@@ -8,6 +8,10 @@ dead letter no longer in the queue is rebuilt from its record when it can be.
 Each one's outcome is audited. Replaying a hold that has since been consumed
 or expired is harmless: the guarded update makes it a no-op.
 
+A webhook delivery's dead letter (``webhook:<endpoint>:<event id>``) is not in the
+broker: replaying it makes its delivery due again, with fresh attempts and age, and the
+deliverer sends it with the same ``webhook-id``.
+
 What is replayed is decided before: the records handed in were planned and
 claimed (``plans.py``), so a replay acts on exactly what its dry run showed.
 """
@@ -24,7 +28,9 @@ from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp import messages
+from service.adapters.postgres import deliveries as webhook_rows
 from service.adapters.telemetry import propagation
+from service.core import webhook_policy
 from service.core.dead_letter import REPLAY_OF_HEADER, REPLAYED_BY_HEADER
 from service.core.domain import command_body
 from service.core.errors import PublishNotConfirmed
@@ -44,7 +50,7 @@ class ReplayResult:
 
     record_id: int
     message_id: str
-    outcome: str  # republished, not-in-queue, publish-failed, would-republish
+    outcome: str  # REPLAYED, not-in-queue, publish-failed, would-republish, would-redeliver
     detail: str
 
     def as_json(self) -> dict[str, Any]:
@@ -60,9 +66,19 @@ class ReplayResult:
 def dry_run(rows: list[Any], expectations: dict[int, str]) -> list[ReplayResult]:
     """What a replay would do, changing nothing."""
     return [
-        ReplayResult(r["id"], r["message_id"], "would-republish", expectations[r["id"]])
+        ReplayResult(
+            r["id"],
+            r["message_id"],
+            "would-redeliver" if _delivery_of(r) else "would-republish",
+            expectations[r["id"]],
+        )
         for r in rows
     ]
+
+
+def _delivery_of(row: Row) -> tuple[str, str] | None:
+    """The endpoint and event id of a webhook delivery's dead letter (None: a command's)."""
+    return webhook_policy.of_dead_letter_key(str(row["message_id"]))
 
 
 def report_lines(results: list[ReplayResult], *, dry_run: bool) -> list[str]:
@@ -91,17 +107,47 @@ async def replay(
     actor: postgres.Actor,
     expectations: dict[int, str],
 ) -> list[ReplayResult]:
-    """Replay ``rows`` (authorised and claimed): from the dead queue, else from their records."""
+    """Replay ``rows`` (authorised and claimed): a command from the dead queue, else from
+    its record; a webhook delivery made due again."""
+    results = [
+        await _redeliver(conn, row, actor, expectations) for row in rows if _delivery_of(row)
+    ]
+    rows = [row for row in rows if not _delivery_of(row)]
     if not rows:
-        return []
+        return results
     async with DeadQueue.walk(settings, conn, connection) as dead:
         replayer = Replayer(settings, conn, dead, actor, expectations)
-        results = await replayer.from_queue({row["message_id"]: row for row in rows})
-        found = {result.record_id for result in results}
+        from_queue = await replayer.from_queue({row["message_id"]: row for row in rows})
+        found = {result.record_id for result in from_queue}
+        results += from_queue
         for row in rows:
             if row["id"] not in found:
                 results.append(await replayer.from_record(row))
     return results
+
+
+async def _redeliver(
+    conn: postgres.Connection, row: Row, actor: postgres.Actor, expectations: dict[int, str]
+) -> ReplayResult:
+    """A webhook delivery's dead letter: its delivery due again (same webhook-id)."""
+    key = _delivery_of(row)
+    assert key is not None
+    endpoint, message_id = key
+    if await webhook_rows.revive(conn, endpoint, message_id):
+        outcome, detail = (
+            postgres.REDELIVERING,
+            f"due again to {endpoint}; {expectations[row['id']]}",
+        )
+    else:
+        outcome, detail = "not-in-queue", f"no dead delivery of it to {endpoint}"
+    await postgres.record_replay(
+        conn, row["id"], row["message_id"], actor=actor, outcome=outcome, detail=detail
+    )
+    log.info(
+        "deadletter.replay",
+        extra={"message_id": row["message_id"], "operator": actor.operator, "outcome": outcome},
+    )
+    return ReplayResult(row["id"], row["message_id"], outcome, detail)
 
 
 @dataclass(eq=False)

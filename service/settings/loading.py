@@ -17,16 +17,17 @@ from pydantic_settings import SettingsConfigDict
 
 from service.core.errors import ConfigError
 from service.settings.concerns import _Connections, _Events, _Operators, _Pipeline, _Retention
+from service.settings.endpoints import _Webhooks
 from service.settings.otel_variables import _Telemetry, otel_problem
 
 ENV_PREFIX = "EXPIRY_"
 ENV_FILE = ".env"
 
 
-class Settings(_Retention, _Events, _Operators, _Telemetry, _Pipeline, _Connections):
-    """Every knob of the service (docs/reference.md has the table), by concern in six
-    classes (``concerns.py``, ``otel_variables.py``); one model, read from the environment
-    once."""
+class Settings(_Webhooks, _Retention, _Events, _Operators, _Telemetry, _Pipeline, _Connections):
+    """Every knob of the service (docs/reference.md has the table), by concern in seven
+    classes (``concerns.py``, ``otel_variables.py``, ``endpoints.py``); one model, read
+    from the environment once."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -125,9 +126,10 @@ def load_settings() -> Settings:
         settings = Settings()
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else "settings"
         message = str(error["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"{_variable_of(field, present)}: {message}") from None
+        if not error["loc"]:  # a check of several settings: its message names them
+            raise ConfigError(message) from None
+        raise ConfigError(f"{_variable_of(str(error['loc'][0]), present)}: {message}") from None
     if problem := otel_problem():
         raise ConfigError(problem)
     return settings

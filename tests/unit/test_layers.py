@@ -29,6 +29,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "scan": frozenset({"core", "settings", "adapters"}),
     # The relay's runtime, like scan's; its entry point (__main__) starts it with service.cli.
     "relay": frozenset({"core", "settings", "adapters", "commands"}),
+    # The deliverer's (HTTP delivery of the events), likewise.
+    "deliver": frozenset({"core", "settings", "adapters", "commands"}),
     "commands": frozenset({"core", "settings", "adapters", "worker", "ops", "scan"}),
     "console": frozenset({"core", "settings", "adapters", "ops", "commands"}),
     "demo": frozenset({"core", "settings", "adapters", "worker", "commands"}),

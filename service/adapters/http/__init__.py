@@ -1,1 +1,2 @@
-"""HTTP: the server of a process's health and metrics endpoints (``server.py``)."""
+"""HTTP: the server of a process's health and metrics endpoints (``server.py``), and the
+client that delivers events to webhook endpoints (``endpoints.py``)."""

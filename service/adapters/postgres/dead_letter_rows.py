@@ -125,6 +125,11 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 """
 
 
+# A replay's outcomes that replayed it: a command republished, or a webhook delivery due
+# again (its deliverer sends it again with the same webhook-id).
+REPUBLISHED, REDELIVERING = "republished", "redelivering"
+REPLAYED_OUTCOMES = (REPUBLISHED, REDELIVERING)
+
 MARK_REPLAYED = "UPDATE dead_letters SET status = 'replayed', updated_at = now() WHERE id = $1"
 # A replayed dead letter's hold is no longer parked: the scan may publish it again.
 UNPARK_REPLAYED = "DELETE FROM parked_holds WHERE dead_letter_id = $1"
@@ -261,7 +266,8 @@ async def record_replay(
     outcome: str,
     detail: str,
 ) -> None:
-    """Audit one replay attempt (or refusal); mark the record replayed when republished."""
+    """Audit one replay attempt (or refusal); mark the record replayed when it was
+    (``REPLAYED_OUTCOMES``)."""
     async with conn.transaction():
         await conn.execute(
             RECORD_REPLAY,
@@ -273,6 +279,6 @@ async def record_replay(
             actor.os_user,
             actor.host,
         )
-        if outcome == "republished":
+        if outcome in REPLAYED_OUTCOMES:
             await conn.execute(MARK_REPLAYED, dead_letter_id)
             await conn.execute(UNPARK_REPLAYED, dead_letter_id)

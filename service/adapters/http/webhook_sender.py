@@ -1,0 +1,123 @@
+"""POSTing one event to one endpoint: signed (Standard Webhooks, with the
+``standardwebhooks`` library), with the SSRF guard at every connection
+(``httpx-secure``), redirects never followed, TLS verified, the response's body never
+read beyond a small bound and never kept.
+
+The guard runs when a connection opens, on the address it opens to (the name is
+resolved once and the connection made to that very address: a name that resolves
+elsewhere later cannot slip through): only the URL's own host, and only a public
+address or one in the endpoint's ``allow_networks``; ``http://`` only to the latter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from datetime import datetime
+from typing import Final
+
+import httpx
+from httpx_secure import SSRFProtectionError, httpx_ssrf_protection
+from standardwebhooks.webhooks import Webhook
+
+from service.core import webhook_policy
+from service.core.webhook_policy import Answer
+from service.settings import Endpoint
+
+# What is read of a response's body, at most, before the connection is dropped: enough
+# for a small answer to leave the connection reusable; the bytes are thrown away.
+BODY_READ_LIMIT: Final = 64 * 1024
+USER_AGENT: Final = "expiry-service webhooks"
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def public(address: IPAddress) -> bool:
+    """A globally reachable address (and no private one hidden in NAT64 or a mapped
+    IPv4 address)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return public(address.ipv4_mapped)
+        if address in _NAT64:
+            return public(ipaddress.IPv4Address(address.packed[-4:]))
+    return address.is_global
+
+
+def allowed(endpoint: Endpoint, hostname: str, address: IPAddress) -> bool:
+    """Whether a connection for ``endpoint`` may open to ``address`` (for ``hostname``)."""
+    if hostname.lower().rstrip(".") != endpoint.host.rstrip("."):
+        return False  # only the URL's host: nothing else is on the allow-list
+    if any(address in network for network in endpoint.allow_networks):
+        return True
+    return not endpoint.plain_http and public(address)
+
+
+class Sender:
+    """One endpoint's client: connections kept alive up to ``concurrency`` at once."""
+
+    def __init__(self, endpoint: Endpoint, *, concurrency: int) -> None:
+        self.endpoint = endpoint
+        self._signer = Webhook(endpoint.secret.get_secret_value())
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(endpoint.timeout_seconds),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            follow_redirects=False,
+            trust_env=False,  # no proxy from the environment: the guard sees the real peer
+            verify=True,
+            headers={"user-agent": USER_AGENT},
+        )
+        httpx_ssrf_protection(
+            self._client,
+            check_globally_reachable=False,  # ours decides: allow_networks may widen it
+            custom_validator=lambda host, address, _port: allowed(endpoint, host, address),
+        )
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._client.aclose()
+
+    def headers(self, message_id: str, body: bytes, now: datetime) -> dict[str, str]:
+        """The Standard Webhooks headers of one attempt."""
+        return {
+            "content-type": "application/json",
+            "webhook-id": message_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": self._signer.sign(message_id, now, body),
+        }
+
+    async def post(self, message_id: str, body: bytes, now: datetime) -> Answer:
+        """One attempt: the answer, from the status and ``Retry-After`` only."""
+        timeout = self.endpoint.timeout_seconds
+        try:
+            # The whole attempt, not each read: a trickling answer times out too.
+            async with (
+                asyncio.timeout(timeout),
+                self._client.stream(
+                    "POST",
+                    self.endpoint.url,
+                    content=body,
+                    headers=self.headers(message_id, body, now),
+                ) as response,
+            ):
+                await _drain(response)
+                retry_after = webhook_policy.retry_after_seconds(
+                    response.headers.get("retry-after"), now
+                )
+                return webhook_policy.of_status(response.status_code, retry_after)
+        except SSRFProtectionError:
+            return webhook_policy.not_allowed("not the endpoint's host, or an address not allowed")
+        except (httpx.TimeoutException, TimeoutError):
+            return webhook_policy.timed_out(timeout)
+        except httpx.TransportError as exc:
+            return webhook_policy.unreachable(type(exc).__name__)
+
+
+async def _drain(response: httpx.Response) -> None:
+    """Read (and drop) a small body so that the connection can serve again; past the
+    bound, stop: closing the response then closes its connection."""
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read > BODY_READ_LIMIT:
+            return

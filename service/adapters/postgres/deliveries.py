@@ -1,0 +1,276 @@
+"""HTTP deliveries (``webhook_endpoints``, ``webhook_deliveries``, migration
+0015_webhooks): what a deliverer registers, shares, claims and settles, and what an
+operator revives.
+
+A claim is a lease, as the relay's (``outbox.py``): due rows no lease holds, taken with
+``SKIP LOCKED`` and stamped with the claimer's token until ``lease_until``. Settling a
+delivery (delivered, put off, dead) matches only while that lease holds: a deliverer
+whose call outlived its lease settles nothing, and whoever claims the row next delivers
+it again with the same ``webhook-id``.
+
+The rate limit is a token bucket per endpoint in its row, shared by every deliverer:
+whoever takes tokens refills it first (``rate`` a second since it was last refilled, up
+to ``burst``); the row lock orders them. A paused endpoint gives no tokens; when its
+pause is over, the first to ask gets one token (the probe) and the pause is stretched
+over the probe's lease, so that nobody else sends meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from service.adapters.postgres.dead_letter_rows import record_dead_letter
+from service.adapters.postgres.pool import Connection
+from service.core.dead_letter import DeadLetterRecord
+from service.core.default_owners import OwnerRule
+
+REGISTER = """
+INSERT INTO webhook_endpoints (name) SELECT unnest($1::text[])
+    ON CONFLICT (name) DO UPDATE SET seen_at = now()
+"""
+
+TAKE_TOKENS = """
+WITH bucket AS (
+    SELECT name, paused_until,
+           least($3::float8, tokens + $2::float8 * greatest(0, extract(epoch FROM
+                 clock_timestamp() - tokens_at)))::float8 AS have
+      FROM webhook_endpoints WHERE name = $1
+       FOR UPDATE
+), granted AS (
+    SELECT name, have, paused_until,
+           CASE WHEN paused_until > clock_timestamp() THEN 0
+                WHEN paused_until IS NOT NULL THEN least(floor(have), 1)
+                ELSE least(floor(have), $4) END::int AS n
+      FROM bucket
+)
+UPDATE webhook_endpoints w
+   SET tokens = g.have - g.n, tokens_at = clock_timestamp(),
+       paused_until = CASE WHEN g.paused_until <= clock_timestamp() AND g.n > 0
+                           THEN clock_timestamp() + make_interval(secs => $5)
+                           ELSE g.paused_until END
+  FROM granted g
+ WHERE w.name = g.name
+RETURNING g.n, g.have::float8,
+          greatest(0, extract(epoch FROM g.paused_until - clock_timestamp()))::float8 AS paused
+"""
+
+GIVE_BACK = """
+UPDATE webhook_endpoints SET tokens = least($3::float8, tokens + $2) WHERE name = $1
+"""
+
+CLAIM = """
+WITH next AS (
+    SELECT id FROM webhook_deliveries
+     WHERE endpoint = $1 AND NOT dead AND next_at <= now()
+       AND (lease_until IS NULL OR lease_until < now())
+     ORDER BY next_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE webhook_deliveries d
+   SET lease_until = now() + make_interval(secs => $3), lease_token = $4
+  FROM next
+ WHERE d.id = next.id
+RETURNING d.id, d.message_id, d.reservation_id, d.hold_until, d.expired_at, d.traceparent,
+          d.attempts, extract(epoch FROM now() - d.since)::float8 AS age
+"""
+
+# Settling: each matches only while the claim's lease holds.
+DELIVERED = """
+DELETE FROM webhook_deliveries
+ WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+RETURNING id
+"""
+
+PUT_OFF = """
+UPDATE webhook_deliveries
+   SET attempts = attempts + 1, next_at = now() + make_interval(secs => $3),
+       lease_until = NULL, lease_token = NULL, last_status = $4, last_error = $5
+ WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+RETURNING id
+"""
+
+KILL = """
+UPDATE webhook_deliveries
+   SET attempts = attempts + 1, dead = true, lease_until = NULL, lease_token = NULL,
+       last_status = $3, last_error = $4
+ WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+RETURNING attempts, since, now() AS at
+"""
+
+# The endpoint answered (whatever it said): its failures in a row end, and any pause.
+ANSWERED = """
+UPDATE webhook_endpoints SET failures = 0, pauses = 0, paused_until = NULL
+ WHERE name = $1 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
+"""
+
+# A retryable failure: one more in a row; at $2 in a row, or a probe that failed, the
+# endpoint pauses: $3 seconds the first time in a row, twice as long each time, up to $4.
+FAILED = """
+WITH before AS (
+    SELECT name, failures, pauses, paused_until FROM webhook_endpoints WHERE name = $1
+       FOR UPDATE
+)
+UPDATE webhook_endpoints w
+   SET failures = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL THEN 0
+                       ELSE b.failures + 1 END,
+       paused_until = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL
+                           THEN clock_timestamp() + make_interval(
+                                secs => least($4::float8, $3::float8 * 2 ^ least(b.pauses, 30)))
+                           ELSE NULL END,
+       pauses = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL
+                     THEN b.pauses + 1 ELSE b.pauses END
+  FROM before b
+ WHERE w.name = b.name
+RETURNING w.pauses, w.paused_until IS NOT NULL AS paused
+"""
+
+# An operator's replay: the dead delivery is due again, with fresh attempts and age.
+REVIVE = """
+UPDATE webhook_deliveries
+   SET dead = false, attempts = 0, since = now(), next_at = now(),
+       lease_until = NULL, lease_token = NULL
+ WHERE endpoint = $1 AND message_id = $2 AND dead
+RETURNING id
+"""
+
+BACKLOG = """
+SELECT w.name AS endpoint, count(d.id) FILTER (WHERE NOT d.dead) AS pending,
+       count(d.id) FILTER (WHERE d.dead) AS dead,
+       coalesce(extract(epoch FROM now() - min(d.created_at) FILTER (WHERE NOT d.dead)), 0)
+           ::float8 AS oldest_age,
+       greatest(0, extract(epoch FROM w.paused_until - now()))::float8 AS paused_for
+  FROM webhook_endpoints w
+  LEFT JOIN webhook_deliveries d ON d.endpoint = w.name
+ GROUP BY w.name, w.paused_until
+ ORDER BY w.name
+"""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A claimed delivery of one event to one endpoint."""
+
+    id: int
+    message_id: str
+    reservation_id: UUID
+    hold_until: datetime
+    expired_at: datetime
+    traceparent: str | None
+    attempts: int  # before this one
+    age: float  # seconds since its age budget started
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """What a deliverer may send now: ``granted`` requests; the bucket held ``have``;
+    the endpoint is paused for ``paused`` more seconds."""
+
+    granted: int
+    have: float
+    paused: float
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """One endpoint's deliveries: pending, dead, the oldest pending's age, its pause."""
+
+    endpoint: str
+    pending: int
+    dead: int
+    oldest_age: float
+    paused_for: float
+
+
+async def register(conn: Connection, names: Sequence[str]) -> None:
+    """The endpoints a deliverer serves: deliveries are written for them from now on."""
+    await conn.execute(REGISTER, list(names))
+
+
+async def take_tokens(
+    conn: Connection, name: str, *, rate: float, burst: float, wanted: int, probe_seconds: float
+) -> Tokens:
+    """Up to ``wanted`` requests' worth of the endpoint's shared bucket."""
+    row = await conn.fetchrow(TAKE_TOKENS, name, rate, burst, wanted, probe_seconds)
+    if row is None:  # not registered (a replay's endpoint that no deliverer serves)
+        return Tokens(0, 0.0, 0.0)
+    return Tokens(row["n"], row["have"], row["paused"])
+
+
+async def give_back(conn: Connection, name: str, tokens: int, *, burst: float) -> None:
+    """Tokens taken and not used."""
+    if tokens > 0:
+        await conn.execute(GIVE_BACK, name, float(tokens), burst)
+
+
+async def claim(
+    conn: Connection, endpoint: str, limit: int, *, lease_seconds: float, token: UUID
+) -> list[Delivery]:
+    """Up to ``limit`` due deliveries to ``endpoint``, leased to ``token``."""
+    rows = await conn.fetch(CLAIM, endpoint, limit, lease_seconds, token)
+    return [Delivery(**dict(row)) for row in rows]
+
+
+async def delivered(conn: Connection, delivery_id: int, *, token: UUID) -> bool:
+    """Done: False when the lease had lapsed (another deliverer may send it again)."""
+    return await conn.fetchval(DELIVERED, delivery_id, token) is not None
+
+
+async def put_off(
+    conn: Connection,
+    delivery_id: int,
+    *,
+    token: UUID,
+    seconds: float,
+    status: int | None,
+    error_class: str,
+) -> bool:
+    """Tried again in ``seconds``: False when the lease had lapsed."""
+    row = await conn.fetchval(PUT_OFF, delivery_id, token, seconds, status, error_class)
+    return row is not None
+
+
+async def kill(
+    conn: Connection,
+    delivery_id: int,
+    *,
+    token: UUID,
+    status: int | None,
+    dead_letter: DeadLetterRecord,
+    owner: OwnerRule | None,
+) -> bool:
+    """A dead letter: the delivery kept (for a replay) and recorded with the command's,
+    in one transaction. False when the lease had lapsed (nothing is recorded)."""
+    async with conn.transaction():
+        row = await conn.fetchrow(KILL, delivery_id, token, status, dead_letter.error_class)
+        if row is None:
+            return False
+        await record_dead_letter(conn, dead_letter, owner=owner)
+    return True
+
+
+async def answered(conn: Connection, endpoint: str) -> None:
+    """The endpoint answered: no longer failing, nor paused."""
+    await conn.execute(ANSWERED, endpoint)
+
+
+async def failed(
+    conn: Connection, endpoint: str, *, pause_after: int, first: float, cap: float
+) -> bool:
+    """One more retryable failure; True when the endpoint is now paused (for ``first``
+    seconds the first time in a row, twice as long each time, up to ``cap``)."""
+    row = await conn.fetchrow(FAILED, endpoint, pause_after, first, cap)
+    return bool(row is not None and row["paused"])
+
+
+async def revive(conn: Connection, endpoint: str, message_id: str) -> bool:
+    """A dead delivery due again (a replay); False when there is none."""
+    return await conn.fetchval(REVIVE, endpoint, message_id) is not None
+
+
+async def backlog(conn: Connection) -> list[Backlog]:
+    """Each registered endpoint's deliveries."""
+    return [Backlog(**dict(row)) for row in await conn.fetch(BACKLOG)]

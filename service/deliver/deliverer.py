@@ -1,0 +1,104 @@
+"""The deliverer process, from its start to a clean stop.
+
+At its start it refuses, in one line, settings it cannot work with (no endpoint; a
+lease not longer than an endpoint's timeout), checks that every migration it ships is
+applied (exit 5 otherwise), and registers its endpoints (deliveries are written for
+them from then on); then one courier per endpoint (``courier.py``) delivers until
+SIGTERM or SIGINT, the attempts in flight are settled, and ``python -m service.deliver``
+exits 0.
+
+Its endpoint (``EXPIRY_HTTP_PORT``) serves ``/healthz``, ``/readyz`` (the database
+answers; it is not stopping) and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from service.adapters import postgres
+from service.adapters.http.server import HealthServer
+from service.adapters.http.webhook_sender import Sender
+from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres.schema import require_current_schema
+from service.adapters.telemetry.deliver_metrics import DeliverMetrics
+from service.core.errors import UsageError
+from service.deliver.courier import Courier
+from service.settings import Settings
+
+log = logging.getLogger("service.deliver")
+
+# A claim outlives its attempt by this much at least (the settle's round trip).
+LEASE_MARGIN_SECONDS = 5.0
+READINESS_TIMEOUT_SECONDS = 2.0
+
+
+def check_settings(settings: Settings) -> None:
+    """Refuse, in one line naming the setting, what the deliverer cannot work with."""
+    if not settings.webhooks:
+        raise UsageError(
+            "EXPIRY_WEBHOOKS (or EXPIRY_WEBHOOKS_FILE) names no endpoint: there is nothing to "
+            "deliver to (docs/webhooks.md)"
+        )
+    for endpoint in settings.webhooks:
+        if endpoint.timeout_seconds + LEASE_MARGIN_SECONDS > settings.webhook_lease_seconds:
+            raise UsageError(
+                f"EXPIRY_WEBHOOK_LEASE_SECONDS ({settings.webhook_lease_seconds:g}) must exceed "
+                f"every endpoint's timeout_seconds by {LEASE_MARGIN_SECONDS:g} s at least "
+                f"(endpoint {endpoint.name!r}: {endpoint.timeout_seconds:g} s)"
+            )
+
+
+async def run(
+    settings: Settings, stop: asyncio.Event, *, metrics: DeliverMetrics | None = None
+) -> list[Courier]:
+    """Deliver until ``stop`` is set; settle what is in flight, close, and return the
+    couriers."""
+    check_settings(settings)
+    metrics = metrics or DeliverMetrics()
+    size = 2 + len(settings.webhooks) * 2  # each courier looks while it settles
+    async with contextlib.AsyncExitStack() as opened:
+        pool = await opened.enter_async_context(
+            postgres.pooled(settings, name="expiry-deliver", size=size)
+        )
+        async with pool.acquire() as conn:
+            await require_current_schema(conn)
+            await rows.register(conn, [endpoint.name for endpoint in settings.webhooks])
+        couriers = []
+        for endpoint in settings.webhooks:
+            sender = Sender(endpoint, concurrency=settings.webhook_concurrency)
+            opened.push_async_callback(sender.close)
+            couriers.append(Courier(settings, endpoint, pool, sender, metrics))
+        async with _endpoint(settings, pool, stop):
+            log.info(
+                "deliver.started",
+                extra={"endpoints": [endpoint.name for endpoint in settings.webhooks]},
+            )
+            await asyncio.gather(*(courier.run(stop) for courier in couriers))
+    log.info("deliver.stopped")
+    return couriers
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(
+    settings: Settings, pool: postgres.Pool, stop: asyncio.Event
+) -> AsyncIterator[None]:
+    """``/healthz``, ``/readyz`` and ``/metrics`` on ``EXPIRY_HTTP_PORT`` (none when 0)."""
+    if not settings.http_port:
+        yield
+        return
+
+    async def readiness() -> dict[str, bool]:
+        return {
+            "running": not stop.is_set(),
+            "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
+        }
+
+    server = HealthServer(readiness, metrics=True)
+    await server.start(settings.http_host, settings.http_port)
+    try:
+        yield
+    finally:
+        await server.close()

@@ -1,0 +1,266 @@
+"""HTTP delivery of events against real HTTP servers on the loopback (the loopback range
+explicitly allowed for them) and the real PostgreSQL: signed and verified by the
+Standard Webhooks library's own verifier; each answer as the contract says; the SSRF
+guard; the shared rate limit across two deliverers; a paused endpoint beside a healthy
+one; a claim that lapsed settles nothing; a replayed dead delivery comes with its id.
+
+The deliverer runs in-process here (``service.deliver.deliverer.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import cast
+
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from service.adapters import postgres
+from service.adapters.postgres import deliveries as rows
+from service.core import webhook_policy
+from service.ops import replay
+from tests.events_support import insert_events
+from tests.support import Stack, eventually, pg_connection
+from tests.webhook_support import (
+    BODY_SECRET,
+    Receiver,
+    Reply,
+    as_text,
+    dead_letters,
+    deliveries,
+    delivering,
+    new_secret,
+    receiving,
+    register,
+    running_deliverer,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _delivered_all(stack: Stack, timeout: float = 30) -> None:
+    async def none_left() -> bool:
+        return not [row for row in await deliveries(stack) if not row["dead"]]
+
+    await eventually(none_left, timeout=timeout, every=0.1)
+
+
+async def _dead(stack: Stack, count: int, timeout: float = 30) -> list[dict[str, object]]:
+    async def enough() -> bool:
+        return len(await dead_letters(stack)) >= count
+
+    await eventually(enough, timeout=timeout, every=0.1)
+    return await dead_letters(stack)
+
+
+async def test_each_event_is_posted_signed_and_a_2xx_is_done(stack: Stack) -> None:
+    """Every event reaches the endpoint once, with its message id as webhook-id, a
+    signature the library verifies, and the contract's JSON body; then nothing is left."""
+    async with receiving() as receiver:
+        stack = delivering(stack, receiver.endpoint())
+        await register(stack)
+        ids = await insert_events(stack, 5)
+        async with running_deliverer(stack):
+            await _delivered_all(stack)
+    assert sorted(receiver.ids()) == sorted(ids)
+    assert all(request.verified for request in receiver.received)
+    first = receiver.received[0]
+    assert first.headers["content-type"] == "application/json"
+    assert b'"event":"reservation.expired"' in first.body
+    assert abs(int(first.headers["webhook-timestamp"]) - time.time()) < 60
+    assert await dead_letters(stack) == []
+
+
+async def test_a_500_is_retried_then_delivered(stack: Stack) -> None:
+    """500, then 200: two attempts with the same webhook-id, delivered."""
+    async with receiving([Reply(500), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint())
+        await register(stack)
+        [event] = await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            await _delivered_all(stack)
+    assert receiver.ids() == [event, event]
+    assert await dead_letters(stack) == []
+
+
+async def test_a_429_waits_for_its_retry_after(stack: Stack) -> None:
+    """429 with Retry-After: 2: the next attempt comes 2 s later at the earliest."""
+    async with receiving([Reply(429, {"retry-after": "2"}), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint())
+        await register(stack)
+        await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            await _delivered_all(stack)
+    first, second = receiver.received
+    assert second.at - first.at >= 2.0
+
+
+async def test_a_400_is_a_dead_letter_with_its_status_and_no_body(stack: Stack) -> None:
+    """400: one attempt, a dead letter of class webhook.rejected naming the endpoint and
+    the status; neither the response's body nor the secret nor the URL is kept."""
+    async with receiving([Reply(400)]) as receiver:
+        endpoint = receiver.endpoint()
+        stack = delivering(stack, endpoint)
+        await register(stack)
+        [event] = await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            [record] = await _dead(stack, 1)
+    assert receiver.ids() == [event]
+    assert record["error_class"] == webhook_policy.REJECTED
+    assert record["give_up"] == webhook_policy.PERMANENT
+    assert record["message_id"] == webhook_policy.dead_letter_key("orders", event)
+    assert str(record["reason"]) == "endpoint orders: HTTP 400"
+    kept = as_text(await dead_letters(stack)) + as_text(await deliveries(stack))
+    for secret in (BODY_SECRET, endpoint.secret.get_secret_value(), endpoint.url):
+        assert secret not in kept
+    [row] = await deliveries(stack)
+    assert (row["dead"], row["last_status"]) == (True, 400)
+
+
+async def test_a_redirect_is_not_followed(stack: Stack) -> None:
+    """302 to another path: one request, never the redirect's target; dead, permanent."""
+    async with receiving([Reply(302, {"location": "/elsewhere"}), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint())
+        await register(stack)
+        await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            [record] = await _dead(stack, 1)
+    assert [request.path for request in receiver.received] == ["/hook"]
+    assert record["error_class"] == webhook_policy.REDIRECTED
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+async def test_a_loopback_address_is_refused_unless_allowed(stack: Stack, host: str) -> None:
+    """The same receiver, https:// and nothing allowed: the name (or the address) resolves
+    to the loopback, so no connection is made to it; a dead letter, permanent."""
+    async with receiving() as receiver:
+        endpoint = receiver.endpoint(url=f"https://{host}:{receiver.port}/hook", allow_networks=[])
+        stack = delivering(stack, endpoint)
+        await register(stack)
+        await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            [record] = await _dead(stack, 1)
+    assert receiver.received == []
+    assert record["error_class"] == webhook_policy.NOT_ALLOWED
+
+
+async def test_an_address_outside_allow_networks_is_refused(stack: Stack) -> None:
+    """Plain http:// to the loopback with another range allowed: refused."""
+    async with receiving() as receiver:
+        stack = delivering(stack, receiver.endpoint(allow_networks=["10.0.0.0/8"]))
+        await register(stack)
+        await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            [record] = await _dead(stack, 1)
+    assert receiver.received == []
+    assert record["error_class"] == webhook_policy.NOT_ALLOWED
+
+
+async def test_a_slow_endpoint_times_out_and_is_retried(stack: Stack) -> None:
+    """The first answer comes after the endpoint's timeout: timed out, tried again, and
+    the second (fast) attempt delivers it."""
+    async with receiving([Reply(200, delay=3.0), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint(timeout_seconds=0.5))
+        await register(stack)
+        [event] = await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            await _delivered_all(stack)
+    assert receiver.ids() == [event, event]
+
+
+async def test_two_deliverers_keep_to_the_shared_rate(stack: Stack) -> None:
+    """Two deliverers against one endpoint limited to 50/s: 50/s ± 10% in total."""
+    count = 300
+    async with receiving() as receiver:
+        stack = delivering(stack, receiver.endpoint(rate_per_second=50))
+        await register(stack)
+        await insert_events(stack, count)
+        async with running_deliverer(stack), running_deliverer(stack):
+            await _delivered_all(stack, timeout=60)
+    arrivals = sorted(request.at for request in receiver.received)
+    assert len(arrivals) == count
+    rate = (count - 1) / (arrivals[-1] - arrivals[0])
+    assert 45 <= rate <= 55, f"{rate:.1f}/s"
+
+
+async def test_a_paused_endpoint_does_not_slow_another(stack: Stack) -> None:
+    """One endpoint answers 503 every time, the other 200: the failing one pauses (its
+    requests stop well short of one per event), the healthy one gets everything at once."""
+    async with receiving([Reply(503)]) as failing, receiving() as healthy:
+        stack = delivering(
+            stack,
+            failing.endpoint("failing"),
+            healthy.endpoint("healthy"),
+            webhook_pause_after=3,
+            webhook_pause_seconds=30.0,
+        )
+        await register(stack)
+        ids = await insert_events(stack, 40)
+        started = time.monotonic()
+        async with running_deliverer(stack):
+
+            async def healthy_done() -> bool:
+                return sorted(set(healthy.ids())) == sorted(ids)
+
+            await eventually(healthy_done, timeout=20, every=0.1)
+            took = time.monotonic() - started
+            async with pg_connection(stack.database_url) as conn:
+                paused = await conn.fetchval(
+                    "SELECT paused_until > now() FROM webhook_endpoints WHERE name = 'failing'"
+                )
+    assert paused is True
+    assert len(failing.received) < len(ids)
+    assert took < 10
+
+
+async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
+    """A claim whose lease ran out marks nothing done, puts nothing off, kills nothing;
+    the next claim takes the delivery."""
+    stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())  # never sent to
+    await register(stack)
+    await insert_events(stack, 1)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    async with pg_connection(stack.database_url) as conn:
+        [claimed] = await rows.claim(conn, "orders", 5, lease_seconds=0.2, token=first)
+        await asyncio.sleep(0.4)
+        assert not await rows.delivered(conn, claimed.id, token=first)
+        assert not await rows.put_off(
+            conn, claimed.id, token=first, seconds=0, status=500, error_class="x"
+        )
+        [again] = await rows.claim(conn, "orders", 5, lease_seconds=30, token=second)
+        assert not await rows.delivered(conn, again.id, token=first)
+        assert await rows.delivered(conn, again.id, token=second)
+    assert await deliveries(stack) == []
+
+
+async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
+    """400, dead; replayed (audited); the receiver now answers 200: the event arrives
+    again with its webhook-id, and the dead letter reads replayed."""
+    async with receiving([Reply(400), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint())
+        await register(stack)
+        [event] = await insert_events(stack, 1)
+        async with running_deliverer(stack):
+            [record] = await _dead(stack, 1)
+            async with pg_connection(stack.database_url) as conn:
+                actor = postgres.Actor("alice", "tester", "localhost")
+                no_broker = cast(AbstractRobustConnection, None)  # a delivery needs none
+                [result] = await replay.replay(
+                    stack.settings,
+                    conn,
+                    no_broker,
+                    [record],
+                    actor,
+                    {int(str(record["id"])): "due"},
+                )
+            assert result.outcome == postgres.REDELIVERING
+            await _delivered_all(stack)
+
+            async def arrived_again() -> bool:
+                return receiver.ids() == [event, event]
+
+            await eventually(arrived_again, timeout=10, every=0.1)
+    [after] = await dead_letters(stack)
+    assert after["status"] == "replayed"
