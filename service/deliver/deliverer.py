@@ -68,7 +68,11 @@ async def run(
             await rows.register(conn, [endpoint.name for endpoint in settings.webhooks])
         couriers = []
         for endpoint in settings.webhooks:
-            sender = Sender(endpoint, concurrency=settings.webhook_concurrency)
+            sender = Sender(
+                endpoint,
+                concurrency=settings.webhook_concurrency,
+                hosts=settings.webhook_allowed_hosts,
+            )
             opened.push_async_callback(sender.close)
             couriers.append(Courier(settings, endpoint, pool, sender, metrics))
         async with _endpoint(settings, pool, stop):

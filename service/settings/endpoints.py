@@ -35,6 +35,7 @@ SECRET_PREFIX = "whsec_"
 # The Standard Webhooks specification: secrets of 24 to 64 random bytes.
 SECRET_BYTES = (24, 64)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+HOST_PATTERN = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,62}\.)*[a-z0-9-]{1,63}$|^[0-9a-f:.]+$")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -163,6 +164,10 @@ class _Webhooks(BaseSettings):
         default=(), validation_alias=AliasChoices("EXPIRY_WEBHOOKS")
     )
     webhooks_file: Path | None = None
+    # The hosts deliveries may go to (names, or *.domain for its subdomains), comma-
+    # separated: every endpoint's host must be one (checked at start and at every
+    # connection). Empty: each endpoint's own host, and nothing else.
+    webhook_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     # Attempts and age (since the event was written) before a delivery that keeps
     # failing with a retryable failure becomes a dead letter.
     webhook_max_attempts: int = Field(default=15, ge=1, le=1000)
@@ -191,10 +196,32 @@ class _Webhooks(BaseSettings):
             return parse_endpoints(value) if value.strip() else ()
         return value
 
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip().lower() for part in value.split(",") if part.strip()]
+        for host in value:
+            if not HOST_PATTERN.fullmatch(str(host)):
+                raise ValueError(
+                    f"{str(host)[:63]!r} is neither a host name nor *.domain (comma-separated)"
+                )
+        return tuple(value)
+
     @model_validator(mode="after")
-    def _read_webhooks_file(self) -> _Webhooks:
+    def _endpoints(self) -> _Webhooks:
+        self._read_webhooks_file()
+        for endpoint in self.webhooks:
+            if not host_allowed(endpoint.host, self.webhook_allowed_hosts):
+                raise ValueError(
+                    f"EXPIRY_WEBHOOK_ALLOWED_HOSTS: endpoint {endpoint.name!r} goes to "
+                    f"{endpoint.host!r}, which is not on the list"
+                )
+        return self
+
+    def _read_webhooks_file(self) -> None:
         if self.webhooks_file is None:
-            return self
+            return
         if self.webhooks:
             raise ValueError("EXPIRY_WEBHOOKS and EXPIRY_WEBHOOKS_FILE are both set: set one")
         try:
@@ -207,4 +234,15 @@ class _Webhooks(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"EXPIRY_WEBHOOKS_FILE: {exc}") from None
         object.__setattr__(self, "webhooks", endpoints)
-        return self
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``host`` is on the list (``*.domain``: its subdomains); an empty list
+    allows any (each endpoint's own host is then its only one)."""
+    host = host.lower().rstrip(".")
+    if not allowed:
+        return True
+    return any(
+        host.endswith(pattern[1:]) if pattern.startswith("*.") else host == pattern
+        for pattern in allowed
+    )

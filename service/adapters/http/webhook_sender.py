@@ -5,8 +5,9 @@ read beyond a small bound and never kept.
 
 The guard runs when a connection opens, on the address it opens to (the name is
 resolved once and the connection made to that very address: a name that resolves
-elsewhere later cannot slip through): only the URL's own host, and only a public
-address or one in the endpoint's ``allow_networks``; ``http://`` only to the latter.
+elsewhere later cannot slip through): only the URL's own host, on the allow-list
+(``EXPIRY_WEBHOOK_ALLOWED_HOSTS``) when there is one, and only a public address or one
+in the endpoint's ``allow_networks``; ``http://`` only to the latter.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from standardwebhooks.webhooks import Webhook
 from service.core import webhook_policy
 from service.core.webhook_policy import Answer
 from service.settings import Endpoint
+from service.settings.endpoints import host_allowed
 
 # What is read of a response's body, at most, before the connection is dropped: enough
 # for a small answer to leave the connection reusable; the bytes are thrown away.
@@ -34,20 +36,26 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def public(address: IPAddress) -> bool:
-    """A globally reachable address (and no private one hidden in NAT64 or a mapped
-    IPv4 address)."""
+    """A globally reachable unicast address (and no private one hidden in NAT64 or a
+    mapped IPv4 address)."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return public(address.ipv4_mapped)
         if address in _NAT64:
             return public(ipaddress.IPv4Address(address.packed[-4:]))
-    return address.is_global
+    # is_global holds for some multicast ranges (224.0.0.1 is "global" to ipaddress).
+    return address.is_global and not address.is_multicast
 
 
-def allowed(endpoint: Endpoint, hostname: str, address: IPAddress) -> bool:
-    """Whether a connection for ``endpoint`` may open to ``address`` (for ``hostname``)."""
+def allowed(
+    endpoint: Endpoint, hostname: str, address: IPAddress, hosts: tuple[str, ...] = ()
+) -> bool:
+    """Whether a connection for ``endpoint`` may open to ``address`` (for ``hostname``;
+    ``hosts``: EXPIRY_WEBHOOK_ALLOWED_HOSTS)."""
     if hostname.lower().rstrip(".") != endpoint.host.rstrip("."):
-        return False  # only the URL's host: nothing else is on the allow-list
+        return False  # only the URL's host
+    if not host_allowed(hostname, hosts):
+        return False
     if any(address in network for network in endpoint.allow_networks):
         return True
     return not endpoint.plain_http and public(address)
@@ -56,7 +64,9 @@ def allowed(endpoint: Endpoint, hostname: str, address: IPAddress) -> bool:
 class Sender:
     """One endpoint's client: connections kept alive up to ``concurrency`` at once."""
 
-    def __init__(self, endpoint: Endpoint, *, concurrency: int) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, concurrency: int, hosts: tuple[str, ...] = ()
+    ) -> None:
         self.endpoint = endpoint
         self._signer = Webhook(endpoint.secret.get_secret_value())
         self._client = httpx.AsyncClient(
@@ -70,7 +80,7 @@ class Sender:
         httpx_ssrf_protection(
             self._client,
             check_globally_reachable=False,  # ours decides: allow_networks may widen it
-            custom_validator=lambda host, address, _port: allowed(endpoint, host, address),
+            custom_validator=lambda host, address, _port: allowed(endpoint, host, address, hosts),
         )
 
     async def close(self) -> None:

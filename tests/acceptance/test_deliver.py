@@ -1,0 +1,126 @@
+"""``python -m service.deliver`` as a user runs it: the refusals at its start (one line,
+exit 2, never a secret), events delivered to a receiver on the loopback as the role
+expiry_deliver, its endpoint, and SIGTERM with an attempt in flight (settled, exit 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests import support
+from tests.acceptance.processes import run, start, stop
+from tests.events_support import insert_events
+from tests.webhook_support import (
+    LOOPBACK,
+    Reply,
+    deliveries,
+    new_secret,
+    receiving,
+)
+
+pytestmark = pytest.mark.acceptance
+
+DELIVER = "service.deliver"
+
+
+def _env(stack: support.Stack, endpoints: list[dict[str, object]], **extra: str) -> dict[str, str]:
+    """The stack's environment, as the role expiry_deliver, with these endpoints."""
+    env = stack.env(
+        DATABASE_URL=support.as_role(stack.database_url, "expiry_deliver"),
+        EXPIRY_WEBHOOKS=json.dumps(endpoints),
+        EXPIRY_WEBHOOK_POLL_SECONDS="0.1",
+        **extra,
+    )
+    return env
+
+
+@pytest.mark.parametrize(
+    ("given", "extra", "said"),
+    [
+        ([], {}, "EXPIRY_WEBHOOKS (or EXPIRY_WEBHOOKS_FILE) names no endpoint"),
+        (
+            [{"name": "a", "url": "https://h.example/", "secret": "whsec_dG9vc2hvcnQ="}],
+            {},
+            "EXPIRY_WEBHOOKS: endpoint 1 ('a'): secret: must be",
+        ),
+        (
+            [{"name": "a", "url": "https://h.example/", "secret": "@", "timeout_seconds": 60}],
+            {},
+            "EXPIRY_WEBHOOKS: endpoint 1 ('a'): secret",
+        ),
+        (
+            [{"name": "a", "url": "https://h.example/", "timeout_seconds": 60}],
+            {"EXPIRY_WEBHOOK_LEASE_SECONDS": "30"},
+            "EXPIRY_WEBHOOK_LEASE_SECONDS (30) must exceed",
+        ),
+    ],
+)
+async def test_it_refuses_what_it_cannot_work_with_in_one_line(
+    stack: support.Stack, given: list[dict[str, object]], extra: dict[str, str], said: str
+) -> None:
+    """No endpoint, a bad secret, a lease shorter than a timeout: one line naming the
+    setting, exit 2, no traceback, and never the secret."""
+    secret = new_secret()
+    for endpoint in given:
+        endpoint.setdefault("secret", secret)
+    result = await asyncio.to_thread(run, DELIVER, env=_env(stack, given, **extra))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert said in lines[0]
+    assert secret.removeprefix("whsec_") not in result.stderr + result.stdout
+
+
+async def test_it_delivers_as_its_role_serves_its_endpoint_and_stops_with_zero(
+    stack: support.Stack,
+) -> None:
+    """Events delivered to the loopback receiver, signed; /readyz 200 and the metrics;
+    SIGTERM while an attempt is in flight: that attempt is settled, then exit 0."""
+    async with receiving([Reply(200)]) as receiver:
+        endpoint = {
+            "name": "orders",
+            "url": receiver.url(),
+            "secret": receiver.secret,
+            "allow_networks": LOOPBACK,
+            "timeout_seconds": 5,
+        }
+        port = support.free_port()
+        deliverer = await start(DELIVER, env=_env(stack, [endpoint], EXPIRY_HTTP_PORT=str(port)))
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+
+                async def ready() -> bool:
+                    try:
+                        return (await http.get("/readyz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await support.eventually(ready, timeout=30)
+                ids = await insert_events(stack, 20)
+
+                async def all_delivered() -> bool:
+                    return sorted(set(receiver.ids())) == sorted(ids)
+
+                await support.eventually(all_delivered, timeout=30)
+                metrics = (await http.get("/metrics")).text
+            receiver.script[:] = [Reply(200, delay=2.0)]
+            [slow] = await insert_events(stack, 1)
+
+            async def in_flight() -> bool:
+                return slow in receiver.ids()
+
+            await support.eventually(in_flight, timeout=30, every=0.05)
+            signalled = time.monotonic()
+        finally:
+            code, output = await stop(deliverer, signal.SIGTERM)
+        took = time.monotonic() - signalled
+    assert code == 0, output
+    assert all(request.verified for request in receiver.received)
+    assert 'expiry_webhook_delivered_total{endpoint="orders"' in metrics
+    assert await deliveries(stack) == []  # the slow one too: settled before the exit
+    assert 1.0 < took < 10, took
