@@ -1,7 +1,8 @@
 """Least privilege in the database: each command works as its role, and can do no more.
 
 The runtime roles (``expiry_consumer``, ``expiry_scan``, ``expiry_operator``)
-are created by migration 0005, ``expiry_relay`` by 0014, and shared by every database
+are created by migration 0005, ``expiry_relay`` by 0014, ``expiry_deliver`` by 0015, and
+shared by every database
 of the cluster; the tests log in as them (the local server trusts every role) and never
 change them. Tests that need roles of their own (missing, or racing to be
 created) run the migrations with the role names made unique, and drop what
@@ -29,7 +30,7 @@ import pytest
 
 from service import scan
 from service.adapters import postgres
-from service.adapters.postgres import audit_trail, outbox
+from service.adapters.postgres import audit_trail, deliveries, outbox
 from service.adapters.postgres.schema import Migration, load_migrations, migrate, schema_state
 from service.adapters.telemetry.metrics import Metrics
 from service.cli import cause_chain
@@ -50,8 +51,9 @@ CONSUMER = "expiry_consumer"
 SCAN = "expiry_scan"
 OPERATOR = "expiry_operator"
 RELAY = "expiry_relay"
+DELIVER = "expiry_deliver"
 RUNTIME_ROLES = (CONSUMER, SCAN, OPERATOR)  # migration 0005's
-EVERY_ROLE = (*RUNTIME_ROLES, RELAY)  # 0014_events's too
+EVERY_ROLE = (*RUNTIME_ROLES, RELAY, DELIVER)  # 0014_events's and 0015_webhooks's too
 ROLES_MIGRATION = "0005_roles"
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
 
@@ -415,6 +417,57 @@ async def test_every_statement_of_the_relay_runs_as_expiry_relay(stack: support.
     assert [tuple(row) for row in sent] == [(claimed[0].reservation_id, "r")]
 
 
+async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
+    stack: support.Stack,
+) -> None:
+    """Registering, the shared bucket and pause, claims, settling (delivered, put off, dead
+    with its record and default owner) run as the deliverer; a consumer's expiry writes
+    the deliveries; the operator reads the backlog and revives a dead one."""
+    async with connected_as(stack.database_url, DELIVER) as conn:
+        assert (await schema_state(conn)).current
+        await deliveries.register(conn, ["a", "b"])
+    ids = await support.insert_holds(stack.database_url, 3)
+    async with connected_as(stack.database_url, CONSUMER) as conn:
+        await postgres.expire_batch(conn, ids, ["x", "y", "z"], [1, 1, 1], worker="w")
+    token = uuid.uuid4()
+    rule = OwnerRule("webhook.*", "team-hooks")
+    async with connected_as(stack.database_url, DELIVER) as conn:
+        tokens = await deliveries.take_tokens(
+            conn, "a", rate=100, burst=10, wanted=3, probe_seconds=30
+        )
+        assert tokens.granted == 3
+        claimed = await deliveries.claim(conn, "a", 3, lease_seconds=30, token=token)
+        await deliveries.give_back(conn, "a", 3 - len(claimed), burst=10)
+        assert await deliveries.delivered(conn, claimed[0].id, token=token)
+        assert await deliveries.put_off(
+            conn, claimed[1].id, token=token, seconds=60, status=503, error_class="x"
+        )
+        record = DeadLetterRecord(
+            message_id=f"webhook:a:{claimed[2].message_id}",
+            reservation_id=claimed[2].reservation_id,
+            hold_until=claimed[2].hold_until,
+            error_class="webhook.rejected",
+            give_up="permanent",
+            reason="endpoint a: HTTP 400",
+            attempts=1,
+            first_seen=datetime.now(UTC),
+            last_seen=datetime.now(UTC),
+            worker="d",
+            body_excerpt=None,
+        )
+        assert await deliveries.kill(
+            conn, claimed[2].id, token=token, status=400, dead_letter=record, owner=rule
+        )
+        assert await deliveries.failed(conn, "b", pause_after=1, first=30, cap=60)
+        await deliveries.answered(conn, "b")
+    async with connected_as(stack.database_url, OPERATOR) as conn:
+        backlog = {row.endpoint: (row.pending, row.dead) for row in await deliveries.backlog(conn)}
+        assert backlog == {"a": (1, 1), "b": (3, 0)}
+        assert await deliveries.revive(conn, "a", claimed[2].message_id)
+        owner = await conn.fetchval("SELECT owner FROM dead_letters")
+    assert owner == "team-hooks"
+
+
 async def test_every_statement_of_the_scan_runs_as_expiry_scan(stack: support.Stack) -> None:
     """Claims, lease takeovers, records and releases all run as the scan."""
     ids = await support.insert_holds(stack.database_url, 4)
@@ -617,6 +670,34 @@ CANNOT = {
         f"created_at, claims, relay) VALUES (1, {NIL}, 'm', now(), now(), 1, 'r')",
         "DELETE FROM expiry_events_sent",
     ],
+    # The deliverer: its endpoints' shared state, its deliveries, the dead letters it
+    # records; nothing else.
+    DELIVER: [
+        "SELECT * FROM reservations",
+        "UPDATE reservations SET status = 'expired'",
+        "SELECT * FROM reservation_transitions",
+        "SELECT * FROM expiry_events",
+        "SELECT * FROM expiry_events_sent",
+        "SELECT * FROM publish_leases",
+        "SELECT * FROM dead_letter_events",
+        "SELECT * FROM dead_letter_replays",
+        "SELECT note FROM dead_letters",
+        "UPDATE dead_letters SET note = 'x'",
+        "DELETE FROM dead_letters",
+        "SELECT * FROM console_sessions",
+        "UPDATE webhook_endpoints SET name = 'x'",
+        "UPDATE webhook_endpoints SET registered_at = now()",
+        "DELETE FROM webhook_endpoints",
+        f"INSERT INTO webhook_deliveries (endpoint, message_id, reservation_id, hold_until, "
+        f"expired_at) VALUES ('e', 'm', {NIL}, now(), now())",
+        "UPDATE webhook_deliveries SET message_id = 'x'",
+        "UPDATE webhook_deliveries SET endpoint = 'x'",
+        f"UPDATE webhook_deliveries SET reservation_id = {NIL}",
+        "UPDATE webhook_deliveries SET since = now()",
+        "TRUNCATE webhook_deliveries",
+        "DELETE FROM schema_migrations",
+        "CREATE TABLE public.intruder (id int)",
+    ],
     # The relay: claim, read and mark the outbox, record what it sent; nothing else.
     RELAY: [
         "SELECT * FROM reservations",
@@ -718,6 +799,41 @@ GRANTS = {
     (RELAY, "expiry_events_sent", "INSERT"): EVERY_COLUMN,
     (RELAY, "schema_migrations", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "expiry_events", "SELECT"): EVERY_COLUMN,
+    # HTTP delivery: an expiry's event writes its deliveries (the trigger runs as the
+    # writer); the deliverer shares its endpoints' state, claims and settles deliveries,
+    # records dead letters as the consumers' recorder does; an operator revives them.
+    (CONSUMER, "webhook_endpoints", "SELECT"): "name",
+    (CONSUMER, "webhook_deliveries", "INSERT"): (
+        "endpoint message_id reservation_id hold_until expired_at traceparent"
+    ),
+    (DELIVER, "webhook_endpoints", "SELECT"): EVERY_COLUMN,
+    (DELIVER, "webhook_endpoints", "INSERT"): "name",
+    (DELIVER, "webhook_endpoints", "UPDATE"): "seen_at tokens tokens_at failures paused_until "
+    "pauses",
+    (DELIVER, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
+    (DELIVER, "webhook_deliveries", "DELETE"): EVERY_COLUMN,
+    (DELIVER, "webhook_deliveries", "UPDATE"): (
+        "next_at attempts lease_until lease_token last_status last_error dead"
+    ),
+    (DELIVER, "dead_letters", "SELECT"): (
+        "id message_id status times_dead error_class give_up reason attempts first_seen "
+        "last_seen worker owner"
+    ),
+    (DELIVER, "dead_letters", "INSERT"): (
+        "message_id reservation_id hold_until error_class give_up reason attempts first_seen "
+        "last_seen worker body_excerpt policy"
+    ),
+    (DELIVER, "dead_letters", "UPDATE"): (
+        "times_dead status error_class give_up reason attempts first_seen last_seen worker "
+        "policy updated_at owner"
+    ),
+    (DELIVER, "dead_letter_events", "INSERT"): "dead_letter_id kind operator detail",
+    (DELIVER, "schema_migrations", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "webhook_endpoints", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
+    (OPERATOR, "webhook_deliveries", "UPDATE"): (
+        "since next_at attempts lease_until lease_token dead"
+    ),
     (OPERATOR, "expiry_events_sent", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "INSERT"): EVERY_COLUMN,
@@ -901,7 +1017,7 @@ async def test_two_databases_migrating_at_once_create_each_missing_role_once(
             )
         assert sorted(tuple(row) for row in created) == sorted(
             (names[role], True)
-            for role in RUNTIME_ROLES  # 0005's (0014 creates the relay's)
+            for role in RUNTIME_ROLES  # 0005's (0014 and 0015 create the relay's, the deliverer's)
         )
 
 
