@@ -47,6 +47,7 @@ PHASES = (
     "events",
     "relay",
     "events-latency",
+    "webhooks",
     "scan-memory",
 )
 

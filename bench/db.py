@@ -17,13 +17,14 @@ else:
 # The audit tables refuse TRUNCATE even to their owner (migrations 0005, 0013: each
 # weekly partition too); the benchmark's database is its own, and its user a superuser, so
 # its reset lifts every trigger for one transaction. CASCADE: the tables that refer to
-# these (leases, transitions, parked holds) too; the outbox and its record (no foreign key
-# to the holds) by name.
+# these (leases, transitions, parked holds) too; the outbox and its record, the webhooks'
+# deliveries and their endpoints (no foreign key to the holds) by name: no endpoint stays
+# registered for the next run.
 RESET = """
 BEGIN;
 SET LOCAL session_replication_role = replica;
 TRUNCATE reservations, dead_letters, dead_letter_replays, dead_letter_events, expiry_events,
-         expiry_events_sent CASCADE;
+         expiry_events_sent, webhook_deliveries, webhook_endpoints CASCADE;
 COMMIT;
 """
 

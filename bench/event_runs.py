@@ -27,13 +27,14 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from bench import db, outbox
+from bench import db, outbox, webhook_runs
 from bench.amqp import EVENTS_QUEUE
 from bench.measurements import SUSTAINED_LEAD_SECONDS, Bench, ConsumeRun
 from bench.procs import Child, ChildFailed, tree_usage
 from bench.recording import free_port
 from bench.scrape import BATCH_DURATION, COMMIT_TO_CONFIRM, EMPTY, Histogram, histogram, scrape
 from bench.supervisor import POLL_SECONDS, STALL_SECONDS
+from service.adapters.postgres import deliveries
 
 PREFILL_PER_HOLD = 4
 
@@ -92,6 +93,17 @@ def _added(texts: Sequence[str], name: str) -> Histogram:
     return found
 
 
+async def _check_written(conn: db.Connection, events: int, endpoints: int) -> None:
+    """``RuntimeError`` unless the outbox got ``events`` (pending or sent) and each of
+    them a delivery for each of ``endpoints``."""
+    written = await outbox.pending(conn) + await outbox.sent(conn)
+    if written != events:
+        raise RuntimeError(f"{written} events written, {events} expected")
+    hooks = await webhook_runs.written(conn)
+    if hooks != events * endpoints:
+        raise RuntimeError(f"{hooks} deliveries for {events} events to {endpoints} endpoint(s)")
+
+
 @dataclass(frozen=True)
 class EventRuns:
     """The events' measurements, on the benchmark's ``Bench`` (its connection, its
@@ -99,12 +111,17 @@ class EventRuns:
 
     bench: Bench
 
-    async def backlog(self, *, events: bool, relay: bool = False) -> ConsumeRun:
-        """One consumer works off the backlog: with the outbox's trigger off or on, and
-        with a relay publishing beside it or none."""
+    async def backlog(
+        self, *, events: bool, relay: bool = False, endpoints: Sequence[str] = ()
+    ) -> ConsumeRun:
+        """One consumer works off the backlog: with the outbox's trigger off or on, with
+        a relay publishing beside it or none, and with ``endpoints`` registered (each
+        event then writes a delivery for each: none is delivered) or none."""
         bench, conn = self.bench, self.bench.conn
         holds = bench.options.holds
         await bench.scan(holds)
+        if endpoints:
+            await deliveries.register(conn, endpoints)
         if not events:
             await outbox.set_trigger(conn, enabled=False)
         try:
@@ -119,9 +136,7 @@ class EventRuns:
         finally:
             if not events:
                 await outbox.set_trigger(conn, enabled=True)
-        written = await outbox.pending(conn) + await outbox.sent(conn)
-        if written != (holds if events else 0):
-            raise RuntimeError(f"{written} events for {holds} expiries, events {events}")
+        await _check_written(conn, holds if events else 0, len(endpoints))
         await self._emptied()
         return run
 

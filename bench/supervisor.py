@@ -2,7 +2,8 @@
 while the work is done, and stopped with its exit code checked.
 
 Consumers are ready once they are attached to the work queue, a scanner on a timer once
-it has reported its first pass, a relay once it listens and has started, the OTLP sink
+it has reported its first pass, a relay once it listens and has started, a deliverer
+once it has registered its endpoints and started, the OTLP sink
 once it has written the port it listens on; the work is done once the expected holds
 have expired (no progress for a minute past the sustained run's duration fails the run).
 ``bench.procs`` starts and stops the processes themselves; this module knows what each
@@ -31,6 +32,8 @@ POLL_SECONDS = 0.1
 SINK_READY_SECONDS = 30.0
 # A relay is ready once it listens for the consumers' wake-ups and has started its drain.
 RELAY_READY = ("relay.listening", "relay.started")
+# A deliverer is ready once it has registered its endpoints and started its couriers.
+DELIVERER_READY = "deliver.started"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,23 @@ class Supervisor:
                 self.procs.check_alive([child])
                 await asyncio.sleep(POLL_SECONDS / 2)
         return child
+
+    async def deliverers(self, count: int, env: Mapping[str, str]) -> list[Child]:
+        """``count`` deliverers (``python -m service.deliver`` with ``env``), once each
+        has registered its endpoints and started."""
+        children = [
+            self.start(
+                f"deliverer-{i}",
+                "service.deliver",
+                env={**env, "EXPIRY_WORKER_ID": f"bench-deliverer-{i}"},
+            )
+            for i in range(1, count + 1)
+        ]
+        async with asyncio.timeout(SCAN_TIMEOUT_SECONDS):
+            while not all(DELIVERER_READY in c.log.read_text(errors="replace") for c in children):
+                self.procs.check_alive(children)
+                await asyncio.sleep(POLL_SECONDS / 2)
+        return children
 
     @contextlib.asynccontextmanager
     async def sink(self, what: str) -> AsyncIterator[Sink]:

@@ -138,5 +138,11 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
             "e2e.events_relay",
             "e2e.events_off",
         ),
+        (
+            "1 consumer, events on, one endpoint registered vs none",
+            "e2e.webhooks_one",
+            "e2e.webhooks_none",
+        ),
+        ("webhooks: 2 deliverers vs 1, deliveries/s", "webhooks.k2", "webhooks.k1"),
     ]
     return [(what, show_ratio(ratio(results, top, bottom))) for what, top, bottom in pairs]

@@ -68,6 +68,40 @@ class Overview:
     def events_objective(self) -> str:
         return human(self.status.events_objective_seconds)
 
+    @property
+    def webhooks(self) -> list[WebhookRow]:
+        """Each webhook endpoint's deliveries and state."""
+        objective = self.status.webhook_objective_seconds
+        return [
+            WebhookRow(
+                endpoint=row.endpoint,
+                pending=row.pending,
+                oldest=human(row.oldest_age) if row.pending else "-",
+                dead=row.dead,
+                paused=row.paused_for > 0,
+                behind=row.oldest_age > objective,
+                state=(
+                    f"paused {human(row.paused_for)}"
+                    if row.paused_for > 0
+                    else ("BEHIND" if row.oldest_age > objective else "delivering")
+                ),
+            )
+            for row in self.status.webhooks or []
+        ]
+
+
+@dataclass(frozen=True)
+class WebhookRow:
+    """One webhook endpoint as the overview shows it."""
+
+    endpoint: str
+    pending: int
+    oldest: str
+    dead: int
+    paused: bool
+    behind: bool
+    state: str
+
 
 async def read_overview(
     pool: postgres.Pool, settings: Settings, broker: AbstractRobustConnection | None

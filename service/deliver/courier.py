@@ -1,6 +1,6 @@
 """One endpoint's deliveries in one deliverer: take tokens from the endpoint's shared
 rate limit, claim that many due deliveries, POST each (at most ``concurrency`` at once),
-and settle each by its answer (``core/webhook_policy.py``). Each endpoint has a courier of its
+and settle each by its answer (``bookkeeping.py``). Each endpoint has a courier of its
 own, so a paused or slow endpoint holds up no other.
 
 On SIGTERM a courier claims nothing more and settles the attempts in flight (each ends
@@ -15,32 +15,18 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 from service.adapters import postgres
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import deliveries as rows
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
-from service.core import webhook_policy
-from service.core.dead_letter import DeadLetterRecord
-from service.core.default_owners import default_owner
 from service.core.events import event_body
-from service.core.webhook_policy import Answer, RetryPolicy, Verdict
+from service.deliver.bookkeeping import Bookkeeper
 from service.settings import Endpoint, Settings
 
 log = logging.getLogger("service.deliver")
-
-
-def retry_policy(settings: Settings) -> RetryPolicy:
-    """The retry policy the settings give."""
-    return RetryPolicy(
-        max_attempts=settings.webhook_max_attempts,
-        max_age_seconds=settings.webhook_max_age_seconds,
-        backoff_seconds=settings.webhook_backoff_seconds,
-        backoff_cap_seconds=settings.webhook_backoff_cap_seconds,
-        retry_after_cap_seconds=settings.webhook_retry_after_cap_seconds,
-    )
 
 
 def burst_of(endpoint: Endpoint) -> float:
@@ -61,6 +47,11 @@ class Courier:
     token: UUID = field(default_factory=uuid4)  # this deliverer's claims
     rng: Callable[[], float] = random.random
     in_flight: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.books = Bookkeeper(
+            self.settings, self.endpoint.name, self.pool, self.metrics, self.token, self.rng
+        )
 
     @property
     def name(self) -> str:
@@ -106,7 +97,6 @@ class Courier:
                 wanted=free,
                 probe_seconds=settings.webhook_lease_seconds,
             )
-            self.metrics.paused[self.name] = tokens.paused > 0
             if tokens.paused > 0:
                 return [], min(tokens.paused, settings.webhook_poll_seconds)
             if tokens.granted == 0:
@@ -131,7 +121,7 @@ class Courier:
             self.name, answer.error_class or "delivered", time.monotonic() - started
         )
         try:
-            settled = await self._settle(delivery, answer)
+            settled = await self.books.settle(delivery, answer)
         except Exception as exc:  # the lease lapses: delivered again by the next claim
             settled = False
             log.warning(
@@ -145,102 +135,6 @@ class Courier:
             )
         if not settled:
             self.metrics.lapsed.add(1, {"endpoint": self.name})
-
-    async def _settle(self, delivery: rows.Delivery, answer: Answer) -> bool:
-        """Record the attempt's answer; False when the claim had lapsed (nothing of it is
-        recorded: whoever claims it next delivers it again)."""
-        attributes = {"endpoint": self.name}
-        async with self.pool.acquire() as conn:
-            if answer.status is not None and answer.verdict is not Verdict.RETRY:
-                await rows.answered(conn, self.name)
-            if answer.verdict is Verdict.DELIVERED:
-                settled = await rows.delivered(conn, delivery.id, token=self.token)
-                if settled:
-                    self.metrics.delivered.add(1, attributes)
-                return _said(settled, self.name, delivery)
-            give_up = webhook_policy.PERMANENT
-            delay = 0.0
-            if answer.verdict is Verdict.RETRY:
-                await self._failed(conn)
-                policy = retry_policy(self.settings)
-                delay = policy.delay(delivery.attempts + 1, answer, self.rng)
-                give_up = policy.give_up(delivery.attempts + 1, delivery.age, delay) or ""
-            error_class = answer.error_class or webhook_policy.UNAVAILABLE
-            if not give_up:
-                settled = await rows.put_off(
-                    conn,
-                    delivery.id,
-                    token=self.token,
-                    seconds=delay,
-                    status=answer.status,
-                    error_class=error_class,
-                )
-                if settled:
-                    self.metrics.retried.add(1, {**attributes, "error_class": error_class})
-                return _said(settled, self.name, delivery)
-            settled = await rows.kill(
-                conn,
-                delivery.id,
-                token=self.token,
-                status=answer.status,
-                dead_letter=self._dead_letter(delivery, answer, error_class, give_up),
-                owner=default_owner(self.settings.dead_letter_owners, error_class),
-            )
-        if settled:
-            self.metrics.dead.add(1, {**attributes, "error_class": error_class, "give_up": give_up})
-            log.warning(
-                "webhook.dead_letter",
-                extra={
-                    "endpoint": self.name,
-                    "message_id": delivery.message_id,
-                    "error_class": error_class,
-                    "give_up": give_up,
-                    "status": answer.status,
-                },
-            )
-        return _said(settled, self.name, delivery)
-
-    async def _failed(self, conn: postgres.Connection) -> None:
-        settings = self.settings
-        paused = await rows.failed(
-            conn,
-            self.name,
-            pause_after=settings.webhook_pause_after,
-            first=settings.webhook_pause_seconds,
-            cap=settings.webhook_pause_cap_seconds,
-        )
-        if paused:
-            self.metrics.paused[self.name] = True
-            log.warning("webhook.paused", extra={"endpoint": self.name})
-
-    def _dead_letter(
-        self, delivery: rows.Delivery, answer: Answer, error_class: str, give_up: str
-    ) -> DeadLetterRecord:
-        now = datetime.now(UTC)
-        return DeadLetterRecord(
-            message_id=webhook_policy.dead_letter_key(self.name, delivery.message_id),
-            reservation_id=delivery.reservation_id,
-            hold_until=delivery.hold_until,
-            error_class=error_class,
-            give_up=give_up,
-            reason=f"endpoint {self.name}: {answer.reason}",
-            attempts=delivery.attempts + 1,
-            first_seen=now - timedelta(seconds=delivery.age),
-            last_seen=now,
-            worker=self.settings.worker_id,
-            body_excerpt=None,
-        )
-
-
-def _said(settled: bool, endpoint: str, delivery: rows.Delivery) -> bool:
-    """A settle that found its lease lapsed is said loudly: the attempt counts for
-    nothing and the delivery is made again (the receiver dedupes by webhook-id)."""
-    if not settled:
-        log.warning(
-            "webhook.lease_lapsed",
-            extra={"endpoint": endpoint, "message_id": delivery.message_id},
-        )
-    return settled
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

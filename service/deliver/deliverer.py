@@ -33,6 +33,7 @@ log = logging.getLogger("service.deliver")
 # A claim outlives its attempt by this much at least (the settle's round trip).
 LEASE_MARGIN_SECONDS = 5.0
 READINESS_TIMEOUT_SECONDS = 2.0
+BACKLOG_READ_SECONDS = 15.0
 
 
 def check_settings(settings: Settings) -> None:
@@ -75,14 +76,33 @@ async def run(
             )
             opened.push_async_callback(sender.close)
             couriers.append(Courier(settings, endpoint, pool, sender, metrics))
+        metrics.objective_seconds = settings.webhook_objective_seconds
         async with _endpoint(settings, pool, stop):
             log.info(
                 "deliver.started",
                 extra={"endpoints": [endpoint.name for endpoint in settings.webhooks]},
             )
-            await asyncio.gather(*(courier.run(stop) for courier in couriers))
+            reading = asyncio.create_task(_read_backlogs(pool, metrics, stop))
+            try:
+                await asyncio.gather(*(courier.run(stop) for courier in couriers))
+            finally:
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
     log.info("deliver.stopped")
     return couriers
+
+
+async def _read_backlogs(pool: postgres.Pool, metrics: DeliverMetrics, stop: asyncio.Event) -> None:
+    """Each endpoint's deliveries into the gauges, every BACKLOG_READ_SECONDS until stop."""
+    while not stop.is_set():
+        try:
+            async with pool.acquire() as conn:
+                metrics.backlogs = await rows.backlog(conn)
+        except Exception as exc:  # the gauges keep their last values; the next read retries
+            log.warning("webhook.backlog_unread", extra={"error_class": type(exc).__name__})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(BACKLOG_READ_SECONDS):
+                await stop.wait()
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from service.adapters.postgres.deliveries import EndpointBacklog
 from service.adapters.postgres.leases import ScanPass
 from service.adapters.postgres.outbox import Pending
 from service.adapters.postgres.partitions import Retained
@@ -39,6 +40,7 @@ MIGRATE_COMMAND = "python -m service.migrate"
 DECLARE_COMMAND = "python -m service.declare"
 RETENTION_COMMAND = "python -m service.retention"
 RELAY_COMMAND = "python -m service.relay"
+DELIVER_COMMAND = "python -m service.deliver"
 RETRY_QUEUES = f"{RETRY_EXCHANGE}."
 
 
@@ -57,6 +59,8 @@ class Condition(StrEnum):
     PARTITIONS_RUNNING_OUT = "partitions-running-out"
     RETENTION_NOT_RUN = "retention-not-run"
     EVENTS_BEHIND = "events-behind"
+    WEBHOOKS_BEHIND = "webhooks-behind"
+    WEBHOOK_PAUSED = "webhook-paused"
 
 
 EXIT_CODES = {
@@ -73,6 +77,8 @@ EXIT_CODES = {
     Condition.RETENTION_NOT_RUN: EXIT_DEGRADED,
     # The events' objective missed, as the oldest due hold's is: a promise kept late.
     Condition.EVENTS_BEHIND: EXIT_OBJECTIVE_MISSED,
+    Condition.WEBHOOKS_BEHIND: EXIT_OBJECTIVE_MISSED,
+    Condition.WEBHOOK_PAUSED: EXIT_DEGRADED,
 }
 # Retention: partitions must reach a week past now, and a run succeed once a day (counted
 # from when retention began, for a deployment that has never run it).
@@ -133,6 +139,8 @@ class Status:
     retention_began: datetime | None = None  # the migration that brought retention
     events: Pending | None = None  # the outbox's backlog (None: not read)
     events_objective_seconds: float = 60.0  # EXPIRY_EVENTS_OBJECTIVE_SECONDS
+    webhooks: list[EndpointBacklog] | None = None  # each registered endpoint's deliveries
+    webhook_objective_seconds: float = 300.0  # EXPIRY_WEBHOOK_OBJECTIVE_SECONDS
 
     @property
     def partitions_ahead_seconds(self) -> float | None:
@@ -193,6 +201,7 @@ def assess(status: Status) -> list[Problem]:
     if status.backlog is not None:
         found += [*_backlog_problems(status, status.backlog), *_scan_problems(status)]
         found += [*_retention_problems(status), *_events_problems(status)]
+        found += _webhook_problems(status)
     return sorted(found, key=lambda problem: SEVERITY.index(problem.exit_code))
 
 
@@ -330,6 +339,25 @@ def _events_problems(status: Status) -> Iterator[Problem]:
             f"Events are not being published: start {RELAY_COMMAND}, or check it (its "
             "relay.* log lines, RabbitMQ, the exchange expiry.events)",
         )
+
+
+def _webhook_problems(status: Status) -> Iterator[Problem]:
+    for endpoint in status.webhooks or []:
+        if endpoint.paused_for > 0:
+            yield Problem(
+                Condition.WEBHOOK_PAUSED,
+                f"webhook endpoint {endpoint.endpoint} is paused for {human(endpoint.paused_for)}",
+                "it failed too often in a row: no deliverer sends to it but one probe",
+                "Check the receiver (the deliverer's webhook.* log lines say how it failed)",
+            )
+        if endpoint.oldest_age > status.webhook_objective_seconds:
+            yield Problem(
+                Condition.WEBHOOKS_BEHIND,
+                f"webhook endpoint {endpoint.endpoint}'s oldest pending delivery is "
+                f"{human(endpoint.oldest_age)} old, over {human(status.webhook_objective_seconds)}",
+                f"{endpoint.pending} delivery(ies) wait: nothing is lost, they go once it answers",
+                f"Start {DELIVER_COMMAND} with this endpoint, or check the receiver",
+            )
 
 
 def _no_scan_yet(status: Status) -> Problem:

@@ -170,6 +170,7 @@ def _database_lines(status: Status) -> list[str]:
         f"due backlog       {backlog.total:>9}    {buckets}",
         f"parked holds      {status.parked_holds:>9}    (dead letters closed: not scanned)",
         *events_lines(status),
+        *webhook_lines(status),
     ]
 
 
@@ -182,6 +183,19 @@ def events_lines(status: Status) -> list[str]:
     judged = "within" if status.events_objective_met else "OVER"
     oldest = f"the oldest {human(events.oldest_age_seconds)} old, " if events.count else ""
     return [f"pending events    {events.count:>9}    {oldest}{judged} the objective ({objective})"]
+
+
+def webhook_lines(status: Status) -> list[str]:
+    """Each webhook endpoint's deliveries: pending (the oldest's age), dead, paused."""
+    lines = []
+    for endpoint in status.webhooks or []:
+        oldest = f", the oldest {human(endpoint.oldest_age)} old" if endpoint.pending else ""
+        paused = f", PAUSED {human(endpoint.paused_for)}" if endpoint.paused_for > 0 else ""
+        lines.append(
+            f"webhook {endpoint.endpoint:20} {endpoint.pending:>9} pending{oldest}, "
+            f"{endpoint.dead} dead{paused}"
+        )
+    return lines
 
 
 def _queue_line(row: QueueRow, status: Status) -> str:
@@ -233,6 +247,12 @@ def as_json(status: Status) -> dict[str, Any]:
         "broker_error": status.broker_error,
         "retention": _retention_json(status),
         "events": _events_json(status),
+        "webhooks": None
+        if status.webhooks is None
+        else [
+            {**asdict(endpoint), "objective_seconds": status.webhook_objective_seconds}
+            for endpoint in status.webhooks
+        ],
     }
 
 

@@ -17,7 +17,7 @@ from service.adapters import postgres
 from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
-from service.adapters.postgres import outbox, ownership, partitions
+from service.adapters.postgres import deliveries, outbox, ownership, partitions
 from service.adapters.postgres.leases import last_passes, newest_publish_age
 from service.adapters.postgres.schema import schema_state
 from service.core.redaction import redact
@@ -38,6 +38,7 @@ def new_status(settings: Settings) -> Status:
         at=datetime.now(UTC).isoformat(timespec="seconds"),
         objective_seconds=settings.oldest_due_objective_seconds,
         events_objective_seconds=settings.events_objective_seconds,
+        webhook_objective_seconds=settings.webhook_objective_seconds,
         scan_stall_seconds=2 * settings.scan_interval_seconds
         + settings.publish_timeout_seconds
         + SCAN_STALL_MARGIN_SECONDS,
@@ -84,6 +85,7 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.retention = await partitions.retained(conn)
     status.retention_began = await partitions.retention_began(conn)
     status.events = await outbox.pending(conn)
+    status.webhooks = await deliveries.backlog(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)
 

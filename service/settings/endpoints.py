@@ -188,6 +188,9 @@ class _Webhooks(BaseSettings):
     webhook_pause_after: int = Field(default=5, ge=1, le=1000)
     webhook_pause_seconds: float = Field(default=15.0, gt=0, le=3600)
     webhook_pause_cap_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    # The age of an endpoint's oldest pending delivery above which status says so (and
+    # the alert ExpiryWebhooksBehind).
+    webhook_objective_seconds: float = Field(default=300.0, gt=0, le=30 * 86_400)
 
     @field_validator("webhooks", mode="before")
     @classmethod

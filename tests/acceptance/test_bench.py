@@ -66,6 +66,18 @@ FIGURES = [
     "events.lag_p99",
     "events.relay_cpu",
     "machine.events",
+    *(
+        f"{figure}"
+        for k in ("k1", "k2")
+        for figure in (
+            f"webhooks.{k}",
+            f"webhooks.cpu_{k}",
+            f"webhooks.cpu_us_{k}",
+            f"webhooks.receiver_{k}",
+            f"machine.webhooks_{k}",
+        )
+    ),
+    *(f"{what}.{run}" for run in ("webhooks_none", "webhooks_one") for what in RUN_FIGURES),
     "scan_memory.rss",
     "scan_memory.rate",
 ]
@@ -114,7 +126,7 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert len(targets) == 16
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 9
+    assert len(ratios) == 11
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)

@@ -120,6 +120,8 @@ async def test_it_delivers_as_its_role_serves_its_endpoint_and_stops_with_zero(
             code, output = await stop(deliverer, signal.SIGTERM)
         took = time.monotonic() - signalled
     assert code == 0, output
+    assert receiver.url() not in output  # httpx's line per request names it: kept quiet
+    assert receiver.secret.removeprefix("whsec_") not in output
     assert all(request.verified for request in receiver.received)
     assert 'expiry_webhook_delivered_total{endpoint="orders"' in metrics
     assert await deliveries(stack) == []  # the slow one too: settled before the exit

@@ -38,6 +38,7 @@ from tests.support import (
     wait_for_consumers,
 )
 from tests.support import pg_connection as pg
+from tests.webhook_support import LOOPBACK, receiving
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.prometheus]
 
@@ -149,8 +150,13 @@ def prometheus_tmp(tmp_path: Path, stack: Stack) -> Path:
 async def running(
     stack: Stack, prometheus_tmp: Path
 ) -> AsyncIterator[tuple[Prometheus, dict[str, str], dict[str, asyncio.subprocess.Process]]]:
-    """A consumer and a scanner serving their endpoints, and Prometheus scraping them."""
-    ports = {"expiry-consumer": free_port(), "expiry-scanner": free_port()}
+    """A consumer, a scanner and a deliverer (to a receiver on the loopback) serving their
+    endpoints, and Prometheus scraping them."""
+    ports = {
+        "expiry-consumer": free_port(),
+        "expiry-scanner": free_port(),
+        "expiry-deliver": free_port(),
+    }
     env = stack.env(
         EXPIRY_OLDEST_DUE_OBJECTIVE_SECONDS="3",
         EXPIRY_EVENTS_OBJECTIVE_SECONDS="3",
@@ -158,28 +164,43 @@ async def running(
         EXPIRY_LEASE_SECONDS="2",
         EXPIRY_HTTP_HOST="127.0.0.1",
     )
-    processes = {
-        "consumer": await start(
-            "service.consume", env=env | {"EXPIRY_HTTP_PORT": str(ports["expiry-consumer"])}
-        ),
-        "scanner": await start(
-            "service.produce",
-            "--every",
-            "1",
-            env=env | {"EXPIRY_HTTP_PORT": str(ports["expiry-scanner"])},
-        ),
-    }
-    prometheus = Prometheus(prometheus_tmp, ports)
-    prometheus.start()
-    try:
-        await eventually(prometheus.ready, timeout=30)
-        await wait_for_consumers(stack.amqp_url, 1)
-        yield prometheus, env | {"EXPIRY_HTTP_PORT": str(ports["expiry-consumer"])}, processes
-    finally:
-        prometheus.stop()
-        for process in processes.values():
-            if process.returncode is None:
-                await stop(process)
+    async with receiving() as receiver:
+        endpoint = {
+            "name": "orders",
+            "url": receiver.url(),
+            "secret": receiver.secret,
+            "allow_networks": LOOPBACK,
+        }
+        processes = {
+            "consumer": await start(
+                "service.consume", env=env | {"EXPIRY_HTTP_PORT": str(ports["expiry-consumer"])}
+            ),
+            "scanner": await start(
+                "service.produce",
+                "--every",
+                "1",
+                env=env | {"EXPIRY_HTTP_PORT": str(ports["expiry-scanner"])},
+            ),
+            "deliver": await start(
+                "service.deliver",
+                env=env
+                | {
+                    "EXPIRY_HTTP_PORT": str(ports["expiry-deliver"]),
+                    "EXPIRY_WEBHOOKS": json.dumps([endpoint]),
+                },
+            ),
+        }
+        prometheus = Prometheus(prometheus_tmp, ports)
+        prometheus.start()
+        try:
+            await eventually(prometheus.ready, timeout=30)
+            await wait_for_consumers(stack.amqp_url, 1)
+            yield prometheus, env | {"EXPIRY_HTTP_PORT": str(ports["expiry-consumer"])}, processes
+        finally:
+            prometheus.stop()
+            for process in processes.values():
+                if process.returncode is None:
+                    await stop(process)
 
 
 async def _locked_while(stack: Stack, seconds: float) -> None:

@@ -175,7 +175,7 @@ class Tokens:
 
 
 @dataclass(frozen=True)
-class Backlog:
+class EndpointBacklog:
     """One endpoint's deliveries: pending, dead, the oldest pending's age, its pause."""
 
     endpoint: str
@@ -271,6 +271,6 @@ async def revive(conn: Connection, endpoint: str, message_id: str) -> bool:
     return await conn.fetchval(REVIVE, endpoint, message_id) is not None
 
 
-async def backlog(conn: Connection) -> list[Backlog]:
+async def backlog(conn: Connection) -> list[EndpointBacklog]:
     """Each registered endpoint's deliveries."""
-    return [Backlog(**dict(row)) for row in await conn.fetch(BACKLOG)]
+    return [EndpointBacklog(**dict(row)) for row in await conn.fetch(BACKLOG)]

@@ -9,12 +9,13 @@ rate limit imposed, and whether the endpoint is paused. Units as in ``metrics.py
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from prometheus_client.registry import CollectorRegistry
 
+from service.adapters.postgres.deliveries import EndpointBacklog
 from service.adapters.telemetry import histograms
 
 ATTEMPT_BOUNDARIES = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -29,6 +30,29 @@ HISTOGRAMS: tuple[histograms.Spec, ...] = (
 )
 
 
+# Each endpoint's deliveries, from the database (every deliverer exports the same).
+BACKLOG_GAUGES: tuple[tuple[str, str, str, Callable[[EndpointBacklog], float]], ...] = (
+    (
+        "expiry.webhook.pending",
+        "{delivery}",
+        "Deliveries not yet made (due, or put off after a failure), by endpoint",
+        lambda b: b.pending,
+    ),
+    (
+        "expiry.webhook.oldest_pending_age",
+        "s",
+        "Since the oldest pending delivery's event was written (0: none pending)",
+        lambda b: b.oldest_age,
+    ),
+    (
+        "expiry.webhook.dead_open",
+        "{delivery}",
+        "Deliveries dead-lettered and not replayed, by endpoint",
+        lambda b: b.dead,
+    ),
+)
+
+
 class DeliverMetrics:
     """The deliverer's counters, histogram and gauges."""
 
@@ -37,7 +61,9 @@ class DeliverMetrics:
     ) -> None:
         meter = meter or metrics.get_meter("service")
         self.last_success: float | None = None  # the wall clock's epoch seconds
-        self.paused: dict[str, bool] = {}
+        # Each endpoint's deliveries as the database last said (read on a timer).
+        self.backlogs: list[EndpointBacklog] = []
+        self.objective_seconds = 0.0
         self.delivered = meter.create_counter(
             "expiry.webhook.delivered", unit="{delivery}", description="Deliveries answered 2xx"
         )
@@ -69,6 +95,17 @@ class DeliverMetrics:
             unit="1",
             description="1 while the endpoint is paused after failures in a row",
         )
+        for name, unit, description, read in BACKLOG_GAUGES:
+            meter.create_observable_gauge(
+                name, callbacks=[self._observer(read)], unit=unit, description=description
+            )
+        meter.create_observable_gauge(
+            "expiry.webhook.objective",
+            callbacks=[self._observe_objective],
+            unit="s",
+            description="EXPIRY_WEBHOOK_OBJECTIVE_SECONDS: the oldest pending delivery's "
+            "age must stay below it",
+        )
         meter.create_observable_gauge(
             "expiry.webhook.last_success_timestamp",
             callbacks=[self._observe_last_success],
@@ -88,9 +125,22 @@ class DeliverMetrics:
         """A look for due deliveries succeeded."""
         self.last_success = time.time()
 
+    def _observer(
+        self, read: Callable[[EndpointBacklog], float]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            for backlog in self.backlogs:
+                yield Observation(read(backlog), {"endpoint": backlog.endpoint})
+
+        return observe
+
+    def _observe_objective(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.objective_seconds:
+            yield Observation(self.objective_seconds)
+
     def _observe_paused(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for endpoint, paused in self.paused.items():
-            yield Observation(1 if paused else 0, {"endpoint": endpoint})
+        for backlog in self.backlogs:  # the database's word, shared by every deliverer
+            yield Observation(1 if backlog.paused_for > 0 else 0, {"endpoint": backlog.endpoint})
 
     def _observe_last_success(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.last_success is not None:

@@ -152,6 +152,7 @@ def setup_logging(level: str, fmt: str) -> None:
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root.setLevel(level)
-    # Library chatter (reconnect attempts with tracebacks) stays at WARNING.
-    for noisy in ("aio_pika", "aiormq"):
+    # Library chatter (reconnect attempts with tracebacks; httpx's line per request, which
+    # names the endpoint's URL, credentials in it included) stays at WARNING.
+    for noisy in ("aio_pika", "aiormq", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,142 @@
+"""Settling one attempt by its answer (``core/webhook_policy.py``), only while the
+claim's lease holds: delivered (the row deleted), put off (retried later), or dead (a
+dead letter in ``dead_letters``, its delivery kept for a replay); and the endpoint's
+shared state (failures in a row, its pause) and the metrics with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from service.adapters import postgres
+from service.adapters.postgres import deliveries as rows
+from service.adapters.telemetry.deliver_metrics import DeliverMetrics
+from service.core import webhook_policy
+from service.core.dead_letter import DeadLetterRecord
+from service.core.default_owners import default_owner
+from service.core.webhook_policy import Answer, RetryPolicy, Verdict
+from service.settings import Settings
+
+log = logging.getLogger("service.deliver")
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    """The retry policy the settings give."""
+    return RetryPolicy(
+        max_attempts=settings.webhook_max_attempts,
+        max_age_seconds=settings.webhook_max_age_seconds,
+        backoff_seconds=settings.webhook_backoff_seconds,
+        backoff_cap_seconds=settings.webhook_backoff_cap_seconds,
+        retry_after_cap_seconds=settings.webhook_retry_after_cap_seconds,
+    )
+
+
+@dataclass(eq=False)
+class Bookkeeper:
+    """Settles one endpoint's attempts for one deliverer (its claims' ``token``)."""
+
+    settings: Settings
+    endpoint: str
+    pool: postgres.Pool
+    metrics: DeliverMetrics
+    token: UUID
+    rng: Callable[[], float]
+
+    async def settle(self, delivery: rows.Delivery, answer: Answer) -> bool:
+        """Record the attempt's answer; False when the claim had lapsed (nothing of it is
+        recorded: whoever claims it next delivers it again)."""
+        attributes = {"endpoint": self.endpoint}
+        async with self.pool.acquire() as conn:
+            if answer.status is not None and answer.verdict is not Verdict.RETRY:
+                await rows.answered(conn, self.endpoint)
+            if answer.verdict is Verdict.DELIVERED:
+                settled = await rows.delivered(conn, delivery.id, token=self.token)
+                if settled:
+                    self.metrics.delivered.add(1, attributes)
+                return _said(settled, self.endpoint, delivery)
+            give_up = webhook_policy.PERMANENT
+            delay = 0.0
+            if answer.verdict is Verdict.RETRY:
+                await self._failed(conn)
+                policy = retry_policy(self.settings)
+                delay = policy.delay(delivery.attempts + 1, answer, self.rng)
+                give_up = policy.give_up(delivery.attempts + 1, delivery.age, delay) or ""
+            error_class = answer.error_class or webhook_policy.UNAVAILABLE
+            if not give_up:
+                settled = await rows.put_off(
+                    conn,
+                    delivery.id,
+                    token=self.token,
+                    seconds=delay,
+                    status=answer.status,
+                    error_class=error_class,
+                )
+                if settled:
+                    self.metrics.retried.add(1, {**attributes, "error_class": error_class})
+                return _said(settled, self.endpoint, delivery)
+            settled = await rows.kill(
+                conn,
+                delivery.id,
+                token=self.token,
+                status=answer.status,
+                dead_letter=self._dead_letter(delivery, answer, error_class, give_up),
+                owner=default_owner(self.settings.dead_letter_owners, error_class),
+            )
+        if settled:
+            self.metrics.dead.add(1, {**attributes, "error_class": error_class, "give_up": give_up})
+            log.warning(
+                "webhook.dead_letter",
+                extra={
+                    "endpoint": self.endpoint,
+                    "message_id": delivery.message_id,
+                    "error_class": error_class,
+                    "give_up": give_up,
+                    "status": answer.status,
+                },
+            )
+        return _said(settled, self.endpoint, delivery)
+
+    async def _failed(self, conn: postgres.Connection) -> None:
+        settings = self.settings
+        paused = await rows.failed(
+            conn,
+            self.endpoint,
+            pause_after=settings.webhook_pause_after,
+            first=settings.webhook_pause_seconds,
+            cap=settings.webhook_pause_cap_seconds,
+        )
+        if paused:
+            log.warning("webhook.paused", extra={"endpoint": self.endpoint})
+
+    def _dead_letter(
+        self, delivery: rows.Delivery, answer: Answer, error_class: str, give_up: str
+    ) -> DeadLetterRecord:
+        now = datetime.now(UTC)
+        return DeadLetterRecord(
+            message_id=webhook_policy.dead_letter_key(self.endpoint, delivery.message_id),
+            reservation_id=delivery.reservation_id,
+            hold_until=delivery.hold_until,
+            error_class=error_class,
+            give_up=give_up,
+            reason=f"endpoint {self.endpoint}: {answer.reason}",
+            attempts=delivery.attempts + 1,
+            first_seen=now - timedelta(seconds=delivery.age),
+            last_seen=now,
+            worker=self.settings.worker_id,
+            body_excerpt=None,
+        )
+
+
+def _said(settled: bool, endpoint: str, delivery: rows.Delivery) -> bool:
+    """A settle that found its lease lapsed is said loudly: the attempt counts for
+    nothing and the delivery is made again (the receiver dedupes by webhook-id)."""
+    if not settled:
+        log.warning(
+            "webhook.lease_lapsed",
+            extra={"endpoint": endpoint, "message_id": delivery.message_id},
+        )
+    return settled
