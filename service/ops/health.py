@@ -353,8 +353,9 @@ def _webhook_problems(status: Status) -> Iterator[Problem]:
         if endpoint.oldest_age > status.webhook_objective_seconds:
             yield Problem(
                 Condition.WEBHOOKS_BEHIND,
-                f"webhook endpoint {endpoint.endpoint}'s oldest pending delivery is "
-                f"{human(endpoint.oldest_age)} old, over {human(status.webhook_objective_seconds)}",
+                f"webhook endpoint {endpoint.endpoint}: the oldest pending delivery is "
+                f"{human(endpoint.oldest_age)} old, over the objective of "
+                f"{human(status.webhook_objective_seconds)}",
                 f"{endpoint.pending} delivery(ies) wait: nothing is lost, they go once it answers",
                 f"Start {DELIVER_COMMAND} with this endpoint, or check the receiver",
             )

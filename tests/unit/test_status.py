@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from service.adapters.postgres.deliveries import EndpointBacklog
 from service.adapters.postgres.leases import ScanPass
 from service.adapters.postgres.outbox import Pending
 from service.adapters.telemetry.readings import Backlog
@@ -314,3 +315,36 @@ def test_events_waiting_past_their_objective_are_an_alert_saying_start_the_relay
     assert "pending events            0    within the objective (1m)" in render(empty)
     assert as_json(_well())["events"] is None  # not read: no line, null
     assert "pending events" not in render(_well())
+
+
+def test_webhook_endpoints_behind_or_paused_are_said_with_what_to_do() -> None:
+    """Each registered endpoint has its line (pending, the oldest, dead, a pause); one whose
+    oldest pending delivery is past EXPIRY_WEBHOOK_OBJECTIVE_SECONDS is an objective
+    missed (exit 3), a paused one degraded (exit 4); the JSON carries each endpoint."""
+    current = EndpointBacklog("crm", pending=2, dead=0, oldest_age=1.5, paused_for=0.0)
+    within = _well(webhooks=[current], webhook_objective_seconds=300.0)
+    assert within.problems == []
+    assert "webhook crm                          2 pending, the oldest 1.5s old, 0 dead" in (
+        render(within)
+    )
+    late = EndpointBacklog("orders", pending=7, dead=1, oldest_age=900.0, paused_for=40.0)
+    both = _well(webhooks=[current, late], webhook_objective_seconds=300.0)
+    conditions = [(p.condition, p.exit_code) for p in both.problems]
+    assert conditions == [(Condition.WEBHOOKS_BEHIND, 3), (Condition.WEBHOOK_PAUSED, 4)]
+    assert both.exit_code == 3
+    assert "PAUSED 40s" in render(both)
+    behind = both.problems[0]
+    assert behind.summary == (
+        "webhook endpoint orders: the oldest pending delivery is 15m old, over the objective of 5m"
+    )
+    assert "python -m service.deliver" in behind.todo
+    [_, shown] = json.loads(json.dumps(as_json(both)))["webhooks"]
+    assert shown == {
+        "endpoint": "orders",
+        "pending": 7,
+        "dead": 1,
+        "oldest_age": 900.0,
+        "paused_for": 40.0,
+        "objective_seconds": 300.0,
+    }
+    assert as_json(_well())["webhooks"] is None
