@@ -7,6 +7,7 @@ reader's queue."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 
@@ -19,6 +20,8 @@ from tests.image.containers import docker_ok
 from tests.image.world import (
     CONSUMER_GRACE,
     CONSUMER_ROLE,
+    DELIVER_GRACE,
+    DELIVER_ROLE,
     FIGURES,
     OPERATOR_ROLE,
     RELAY_GRACE,
@@ -31,6 +34,7 @@ from tests.image.world import (
     stop_ok,
 )
 from tests.support import eventually, free_port, insert_holds
+from tests.webhook_support import LOOPBACK, Receiver, receiving
 
 pytestmark = pytest.mark.image
 
@@ -48,16 +52,31 @@ async def step(world: World, module: str, *args: str, role: str | None = None) -
 async def test_the_image_deploys_expires_and_stops_cleanly_under_kill_and_stop(
     world: World,
 ) -> None:
-    """migrate, declare, a scan, three consumers, the scanner and the relay, each a
-    container of the image: a consumer frozen holding deliveries and then killed, another
-    stopped mid-stream, and every hold still expires exactly once, its event on a reader's
-    queue once with its message id; each ``docker stop`` ends its process with exit 0
-    within its grace; retention and verify succeed."""
+    """migrate, declare, a scan, three consumers, the scanner, the relay and a deliverer,
+    each a container of the image: a consumer frozen holding deliveries and then killed,
+    another stopped mid-stream, and every hold still expires exactly once, its event on a
+    reader's queue once with its message id and POSTed, signed, to a receiver on the
+    loopback; each ``docker stop`` ends its process with exit 0 within its grace;
+    retention and verify succeed."""
+    async with receiving() as receiver:
+        await _deploy_expire_and_stop(world, receiver)
+
+
+async def _deploy_expire_and_stop(world: World, receiver: Receiver) -> None:
     containers = world.containers
     await step(world, "migrate")
     await step(world, "declare")
     reader = await bind_reader_queue(world.amqp_url)
     relay = await world.start_serving("relay", python_m("relay"), RELAY_ROLE)
+    endpoint = {
+        "name": "orders",
+        "url": receiver.url(),
+        "secret": receiver.secret,
+        "allow_networks": LOOPBACK,
+    }
+    deliverer = await world.start_serving(
+        "deliver", python_m("deliver"), DELIVER_ROLE, EXPIRY_WEBHOOKS=json.dumps([endpoint])
+    )
 
     started = time.monotonic()
     consumers = [
@@ -121,13 +140,28 @@ async def test_the_image_deploys_expires_and_stops_cleanly_under_kill_and_stop(
         "last expiry)"
     )
 
+    expected = sorted(await world.event_ids(at_once + streamed))
+
+    async def all_posted() -> bool:
+        return sorted(set(receiver.ids())) == expected
+
+    await eventually(all_posted, timeout=120, every=0.5)
+    assert all(request.verified for request in receiver.received)
+    FIGURES.append(
+        f"the deliverer container (as {DELIVER_ROLE}): {len(expected)} events POSTed to a "
+        f"receiver on the loopback, each signed and verified ({len(receiver.received)} "
+        f"requests; {time.monotonic() - started:.1f} s after the last expiry)"
+    )
+
     last = await stop_ok(containers, consumers[2], CONSUMER_GRACE)
     scan_stop = await stop_ok(containers, scanner, SCANNER_GRACE)
     relay_stop = await stop_ok(containers, relay, RELAY_GRACE)
+    deliver_stop = await stop_ok(containers, deliverer, DELIVER_GRACE)
     FIGURES.append(
         f"docker stop: the last consumer exit 0 in {last:.1f} s, "
         f"the scanner exit 0 in {scan_stop:.1f} s (grace {SCANNER_GRACE} s), "
-        f"the relay exit 0 in {relay_stop:.1f} s (grace {RELAY_GRACE} s)"
+        f"the relay exit 0 in {relay_stop:.1f} s (grace {RELAY_GRACE} s), "
+        f"the deliverer exit 0 in {deliver_stop:.1f} s (grace {DELIVER_GRACE} s)"
     )
 
     await step(world, "retention")

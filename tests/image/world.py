@@ -24,6 +24,7 @@ CONSUMER_ROLE = "expiry_consumer"
 SCAN_ROLE = "expiry_scan"
 OPERATOR_ROLE = "expiry_operator"
 RELAY_ROLE = "expiry_relay"  # migration 0014_events
+DELIVER_ROLE = "expiry_deliver"  # migration 0015_webhooks
 
 # compose.yaml's stop_grace_period for a consumer, as deploy/kubernetes derives it:
 # EXPIRY_SHUTDOWN_TIMEOUT_SECONDS (30) + the span export's flush (15) + 5.
@@ -33,6 +34,9 @@ SCANNER_GRACE = 20
 # hand's confirms (EXPIRY_PUBLISH_TIMEOUT_SECONDS, 10) and mark (EXPIRY_STATEMENT_TIMEOUT_MS,
 # 10 s) + the span export's flush (15) + 5.
 RELAY_GRACE = 40
+# The deliverer's: the attempts in flight (each within its endpoint's timeout_seconds, 10
+# by default) and their settle + the span export's flush (15) + 5, rounded up.
+DELIVER_GRACE = 40
 # How often the image's HEALTHCHECK runs here (its own interval, 30 s, is for production).
 HEALTH_INTERVAL = "1s"
 

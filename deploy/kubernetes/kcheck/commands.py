@@ -9,13 +9,16 @@ every command parses its arguments, then loads its settings (service/cli.py), so
 is exactly its one-line configuration error about EXPIRY_LOG_LEVEL, before it connects to
 anything. Each container's environment (its ConfigMaps, its own values, placeholders for
 its Secrets' required keys) must load as ``service.settings.Settings``: an unknown EXPIRY_*
-name or a bad value stops every command at start.
+name or a bad value stops every command at start. A setting that names a file of a mounted
+Secret (EXPIRY_WEBHOOKS_FILE) names a placeholder file of that key instead.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +47,18 @@ PLACEHOLDERS = {
     "EXPIRY_CONSOLE_SECRET": "placeholder-secret-of-at-least-32-characters",
     "EXPIRY_REPLAY_OPERATORS": "alice",
     "EXPIRY_CONSOLE_TRUSTED_HEADER": "X-Forwarded-User",
+}
+# What a mounted Secret's key (a file) holds when the settings are loaded: valid, unreachable.
+FILE_PLACEHOLDERS = {
+    "webhooks.json": json.dumps(
+        [
+            {
+                "name": "placeholder",
+                "url": "https://receiver.invalid/hooks",
+                "secret": "whsec_" + base64.b64encode(b"placeholder-key-32-bytes-long!!!").decode(),
+            }
+        ]
+    ),
 }
 LOAD_SETTINGS = """
 import json, os, sys
@@ -96,12 +111,44 @@ def _accepts(argv: list[str]) -> tuple[list[str], bool, str]:
     return argv, done.returncode == 2 and ACCEPTED in last, last
 
 
-def _environment(container: Obj, maps: dict[str, dict[str, str]]) -> dict[str, str]:
+def secret_files(template: Obj, container: Obj) -> dict[str, tuple[str, str]]:
+    """The files a container sees of its pod's Secret volumes: path -> (Secret, key)."""
+    secrets = {
+        volume["name"]: volume["secret"]
+        for volume in (template.get("spec") or {}).get("volumes") or []
+        if isinstance(volume.get("secret"), dict)
+    }
+    files: dict[str, tuple[str, str]] = {}
+    for mount in container.get("volumeMounts") or []:
+        secret = secrets.get(mount.get("name"))
+        if secret is None:
+            continue
+        root = str(mount["mountPath"]).rstrip("/")
+        items = secret.get("items") or []
+        for item in items:
+            files[f"{root}/{item['path']}"] = (str(secret.get("secretName")), str(item["key"]))
+        if not items:  # every key, each a file of its name: named by the path itself
+            files[f"{root}/*"] = (str(secret.get("secretName")), "*")
+    return files
+
+
+def _environment(
+    template: Obj, container: Obj, maps: dict[str, dict[str, str]], scratch: Path
+) -> dict[str, str]:
     env = plain_env(container, maps)
     for entry in container.get("env") or []:
         ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
         if ref and not ref.get("optional", False):
             env[entry["name"]] = PLACEHOLDERS.get(entry["name"], "placeholder")
+    files = secret_files(template, container)
+    for name, value in env.items():
+        found = files.get(value) or files.get(f"{value.rpartition('/')[0]}/*")
+        if found is None:
+            continue
+        key = found[1] if found[1] != "*" else value.rpartition("/")[2]
+        placeholder = scratch / key
+        placeholder.write_text(FILE_PLACEHOLDERS.get(key, "placeholder"), encoding="utf-8")
+        env[name] = str(placeholder)
     return env
 
 
@@ -110,6 +157,7 @@ def check(files: list[Path]) -> Result:
     result = Result("commands")
     argvs: dict[tuple[str, ...], list[str]] = {}
     envs: dict[str, tuple[str, dict[str, str]]] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="kcheck-secret-files-"))
     for file in files:
         objects = load_stream(file)
         maps = config_maps(objects)
@@ -123,14 +171,17 @@ def check(files: list[Path]) -> Result:
                     )
                     continue
                 argvs.setdefault(tuple(argv), []).append(where)
-                env = _environment(container, maps)
+                env = _environment(template, container, maps, scratch)
                 envs.setdefault(json.dumps(env, sort_keys=True), (where, env))
     with ThreadPoolExecutor(max_workers=2) as pool:
         for argv, accepted, last in pool.map(_accepts, [list(a) for a in argvs]):
             if not accepted:
                 first = argvs[tuple(argv)][0]
                 result.problems.append(f"{first}: `{' '.join(argv)}` refused: {last}")
-    result.problems += _load_settings(list(envs.values()))
+    try:
+        result.problems += _load_settings(list(envs.values()))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     result.figures.append(
         f"{len(argvs)} distinct commands, their arguments accepted by the image's parsers: "
         + "; ".join(" ".join(a[2:]).removeprefix("service.") for a in sorted(argvs))

@@ -5,10 +5,13 @@
 - each workload its own ServiceAccount, that exists, with no token mounted;
 - each pod labelled for the network policies, and selected by the default deny;
 - the consumers' grace period covers their drain (EXPIRY_SHUTDOWN_TIMEOUT_SECONDS + 20 s),
-  the relay's its batch in hand (the publish timeout + the statement timeout + 20 s);
+  the relay's its batch in hand (the publish timeout + the statement timeout + 20 s), the
+  webhook deliverer's its POSTs in flight (an endpoint's default timeout + the statement
+  timeout + 20 s);
 - EXPIRY_SCAN_INTERVAL_SECONDS is the interval the scan really runs at;
 - every image went through components/image (a registry, a tag or digest);
-- Secrets referenced, never inline, and each one documented in secrets.example.yaml;
+- Secrets referenced (as variables or mounted as files), never inline, and each one
+  documented in secrets.example.yaml;
 - every namespaced object in the namespace of namespace/namespace.yaml.
 """
 
@@ -39,6 +42,8 @@ from kcheck.manifests import (
 PART_OF = ("app.kubernetes.io/part-of", "expiry-service")
 GRACE_MARGIN_SECONDS = 20  # span export at shutdown (15) + closing (5): base/consumer.yaml
 PREFETCH_DEFAULT = 400
+# An endpoint's timeout_seconds when it sets none (service/settings/endpoints.py).
+WEBHOOK_TIMEOUT_DEFAULT = 10.0
 CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
 SECRET_NAMES = ("DATABASE_URL", "AMQP_URL", "EXPIRY_MANAGEMENT_URL", "EXPIRY_CONSOLE_SECRET")
 CRON_EVERY_MINUTES = re.compile(r"^(?:\*|\*/(\d+)) \* \* \* \*$")
@@ -194,6 +199,25 @@ def _relay_grace(objects: list[Obj], problems: list[str]) -> None:
                 )
 
 
+def _deliver_grace(objects: list[Obj], problems: list[str]) -> None:
+    """The webhook deliverer's grace period covers the POSTs in flight (an endpoint's
+    timeout, the default one: the endpoints live in a Secret), their settling and the
+    shutdown after it."""
+    maps = config_maps(objects)
+    for obj, template in workloads(objects):
+        for container in containers(template):
+            if "service.deliver" not in [str(a) for a in container.get("command") or []]:
+                continue
+            settle = float(plain_env(container, maps).get("EXPIRY_STATEMENT_TIMEOUT_MS", "10000"))
+            grace = dig(template, "spec", "terminationGracePeriodSeconds") or 30
+            if grace < WEBHOOK_TIMEOUT_DEFAULT + settle / 1000 + GRACE_MARGIN_SECONDS:
+                problems.append(
+                    f"{ident(obj)}: terminationGracePeriodSeconds {grace} < an endpoint's "
+                    f"timeout_seconds {WEBHOOK_TIMEOUT_DEFAULT:g} + EXPIRY_STATEMENT_TIMEOUT_MS "
+                    f"{settle / 1000:g} s + {GRACE_MARGIN_SECONDS}"
+                )
+
+
 def _runs_every(obj: Obj, argv: list[str]) -> float | None:
     """How often a scan container runs: its --every, or its CronJob's minutes."""
     if "--every" in argv:
@@ -246,17 +270,35 @@ def _env_references(objects: list[Obj], problems: list[str]) -> list[tuple[str, 
     return references
 
 
+def _volume_references(objects: list[Obj]) -> list[tuple[str, Any, Any]]:
+    """(where, Secret, key) of every Secret volume's file (its ``items``; one without items
+    mounts every key, and its key is None: the Secret must be documented)."""
+    references: list[tuple[str, Any, Any]] = []
+    for obj, template in workloads(objects):
+        for volume in dig(template, "spec", "volumes") or []:
+            secret = volume.get("secret")
+            if not isinstance(secret, dict) or secret.get("optional", False):
+                continue
+            where = f"{ident(obj)} volume {volume.get('name')}"
+            items = secret.get("items") or [{"key": None}]
+            references += [(where, secret.get("secretName"), item["key"]) for item in items]
+    return references
+
+
 def _secrets(objects: list[Obj], problems: list[str]) -> None:
     """Secrets referenced, never inline, each documented in secrets.example.yaml."""
     documented = documented_secrets()
-    references = _env_references(objects, problems)
+    references = _env_references(objects, problems) + _volume_references(objects)
     for obj in objects:
         if obj.get("kind") == "Secret":
             problems.append(f"{ident(obj)}: a Secret in the manifests: reference yours instead")
         for ref in dig(obj, "spec", "secretTargetRef") or []:
             references.append((ident(obj), ref.get("name"), ref.get("key")))
     for where, name, key in references:
-        if key not in documented.get(str(name), set()):
+        if key is None:
+            if str(name) not in documented:
+                problems.append(f"{where}: Secret {name} is not in secrets.example.yaml")
+        elif key not in documented.get(str(name), set()):
             problems.append(f"{where}: Secret {name} key {key} is not in secrets.example.yaml")
 
 
@@ -276,6 +318,7 @@ RULES: list[Callable[[list[Obj], list[str]], None]] = [
     _pods,
     _grace,
     _relay_grace,
+    _deliver_grace,
     _interval,
     _images,
     _secrets,

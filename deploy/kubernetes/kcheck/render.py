@@ -1,7 +1,8 @@
 """Rendering every combination the tree ships, with ``kubectl kustomize``.
 
 Each profile (overlays/small, overlays/large) is rendered as shipped, and again with each
-other choice of its Components (autoscaler x scan mode x monitoring on or off): those
+other choice of its Components (autoscaler x scan mode x monitoring on or off), and once
+with the opt-in webhook deliverer (components/webhooks) added to what it ships: those
 variants are the profile's kustomization.yaml with its ``components`` list replaced,
 written to .cache/v-RUN-NAME, at the same depth, so its relative paths hold. Then each profile's
 setup (migrate, declare) and the namespace.
@@ -86,6 +87,11 @@ def targets(workdir: Path) -> list[tuple[str, Path]]:
             mark = " (shipped)" if components == shipped else ""
             name = f"{profile}: {autoscaler}, {scan}, monitoring {'on' if monitoring else 'off'}"
             found.append((name + mark, directory))
+        # The opt-in webhook deliverer, on the shipped combination (before the image).
+        with_webhooks = [*shipped[:-1], "webhooks", *shipped[-1:]]
+        found.append(
+            (f"{profile}: shipped + webhooks", variant_directory(profile, with_webhooks, workdir))
+        )
         found.append((f"{profile}/setup", HERE / "overlays" / profile / "setup"))
     found.append(("namespace", HERE / "namespace"))
     return found
