@@ -12,11 +12,13 @@ import asyncio
 from service.adapters import telemetry
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.cli import run_command, stop_on_signals
-from service.deliver.deliverer import check_settings, run
+from service.deliver.deliverer import check_settings, retire, run
 from service.settings import Settings
 
 
-async def _main(settings: Settings, _args: argparse.Namespace) -> int:
+async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    if args.retire is not None:
+        return await retire(settings, args.retire, yes=args.yes, say=print)
     check_settings(settings)  # before telemetry starts: a refusal is one line
     with (
         stop_on_signals(asyncio.Event()) as stop,
@@ -40,6 +42,14 @@ def main() -> None:
             "and exit 0. Several may run at once."
         ),
     )
+    parser.add_argument(
+        "--retire",
+        metavar="NAME",
+        help="stop delivering to endpoint NAME for good: no delivery is written for it any "
+        "more and its deliveries, pending and dead, are deleted (its dead letters stay); "
+        "shows what it would delete, and does it with --yes",
+    )
+    parser.add_argument("--yes", action="store_true", help="with --retire: do it")
     run_command(parser, _main)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from service.adapters import postgres
 from service.adapters.http.server import HealthServer
@@ -90,6 +90,32 @@ async def run(
                 await asyncio.gather(reading, return_exceptions=True)
     log.info("deliver.stopped")
     return couriers
+
+
+async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str], None]) -> int:
+    """``--retire NAME``: what would go (and, with ``yes``, its going), in lines."""
+    opened = postgres.pooled(settings, name="expiry-deliver retire", size=1)
+    async with opened as pool, pool.acquire() as conn:
+        await require_current_schema(conn)
+        shown = {row.endpoint: row for row in await rows.backlog(conn)}
+        if name not in shown:
+            raise UsageError(f"--retire: no endpoint {name!r} is registered")
+        row = shown[name]
+        say(
+            f"endpoint {name}: {row.pending} pending and {row.dead} dead deliveries"
+            + (", paused" if row.paused_for > 0 else "")
+        )
+        if not yes:
+            say("nothing done: --yes retires it (its dead letters stay)")
+            return 0
+        async with conn.transaction():
+            _, pending, dead = await rows.retire(conn, name)
+    say(
+        f"retired endpoint {name}: {pending} pending and {dead} dead deliveries deleted; no "
+        "delivery is written for it any more (a deliverer started with it registers it again)"
+    )
+    log.info("webhook.retired", extra={"endpoint": name, "pending": pending, "dead": dead})
+    return 0
 
 
 async def _read_backlogs(pool: postgres.Pool, metrics: DeliverMetrics, stop: asyncio.Event) -> None:

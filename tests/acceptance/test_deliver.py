@@ -126,3 +126,34 @@ async def test_it_delivers_as_its_role_serves_its_endpoint_and_stops_with_zero(
     assert 'expiry_webhook_delivered_total{endpoint="orders"' in metrics
     assert await deliveries(stack) == []  # the slow one too: settled before the exit
     assert 1.0 < took < 10, took
+
+
+async def test_retire_shows_then_deletes_an_endpoint_and_its_deliveries(
+    stack: support.Stack,
+) -> None:
+    """--retire NAME shows the endpoint's pending and dead deliveries and changes nothing;
+    with --yes they go, and no delivery is written for it any more; an unknown name is
+    refused in one line (exit 2)."""
+    async with support.pg_connection(stack.database_url) as conn:
+        await conn.execute("INSERT INTO webhook_endpoints (name) VALUES ('gone'), ('kept')")
+    await insert_events(stack, 3)
+    env = _env(stack, [])
+    shown = await asyncio.to_thread(run, DELIVER, "--retire", "gone", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        "endpoint gone: 3 pending and 0 dead deliveries",
+        "nothing done: --yes retires it (its dead letters stay)",
+    ]
+    assert len(await deliveries(stack)) == 6
+    done = await asyncio.to_thread(run, DELIVER, "--retire", "gone", "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith(
+        "retired endpoint gone: 3 pending and 0 dead deliveries deleted"
+    )
+    await insert_events(stack, 1)
+    assert {row["endpoint"] for row in await deliveries(stack)} == {"kept"}
+    unknown = await asyncio.to_thread(run, DELIVER, "--retire", "nobody", env=env)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (
+        "python -m service.deliver: refused: --retire: no endpoint 'nobody' is registered"
+    )

@@ -687,7 +687,6 @@ CANNOT = {
         "SELECT * FROM console_sessions",
         "UPDATE webhook_endpoints SET name = 'x'",
         "UPDATE webhook_endpoints SET registered_at = now()",
-        "DELETE FROM webhook_endpoints",
         f"INSERT INTO webhook_deliveries (endpoint, message_id, reservation_id, hold_until, "
         f"expired_at) VALUES ('e', 'm', {NIL}, now(), now())",
         "UPDATE webhook_deliveries SET message_id = 'x'",
@@ -807,6 +806,7 @@ GRANTS = {
         "endpoint message_id reservation_id hold_until expired_at traceparent"
     ),
     (DELIVER, "webhook_endpoints", "SELECT"): EVERY_COLUMN,
+    (DELIVER, "webhook_endpoints", "DELETE"): EVERY_COLUMN,
     (DELIVER, "webhook_endpoints", "INSERT"): "name",
     (DELIVER, "webhook_endpoints", "UPDATE"): "seen_at tokens tokens_at failures paused_until "
     "pauses",

@@ -137,6 +137,18 @@ UPDATE webhook_deliveries
 RETURNING id
 """
 
+# Retiring an endpoint: no delivery is written for it any more, and its deliveries go.
+RETIRE = """
+WITH endpoint AS (
+    DELETE FROM webhook_endpoints WHERE name = $1 RETURNING name
+), gone AS (
+    DELETE FROM webhook_deliveries WHERE endpoint = $1 RETURNING dead
+)
+SELECT (SELECT count(*) FROM endpoint) AS registered,
+       (SELECT count(*) FILTER (WHERE NOT dead) FROM gone) AS pending,
+       (SELECT count(*) FILTER (WHERE dead) FROM gone) AS dead
+"""
+
 BACKLOG = """
 SELECT w.name AS endpoint, count(d.id) FILTER (WHERE NOT d.dead) AS pending,
        count(d.id) FILTER (WHERE d.dead) AS dead,
@@ -269,6 +281,14 @@ async def failed(
 async def revive(conn: Connection, endpoint: str, message_id: str) -> bool:
     """A dead delivery due again (a replay); False when there is none."""
     return await conn.fetchval(REVIVE, endpoint, message_id) is not None
+
+
+async def retire(conn: Connection, endpoint: str) -> tuple[int, int, int]:
+    """The endpoint unregistered and its deliveries deleted: (registered, pending, dead)
+    as they were."""
+    row = await conn.fetchrow(RETIRE, endpoint)
+    assert row is not None
+    return row["registered"], row["pending"], row["dead"]
 
 
 async def backlog(conn: Connection) -> list[EndpointBacklog]:

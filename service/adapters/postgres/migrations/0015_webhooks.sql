@@ -111,7 +111,7 @@ GRANT INSERT (endpoint, message_id, reservation_id, hold_until, expired_at, trac
 -- The deliverer registers its endpoints and shares their bucket and pause; it claims,
 -- puts off, kills and deletes deliveries; it records the dead letters (as the consumers'
 -- recorder does) and reads the ledger (the schema check every command makes).
-GRANT SELECT ON webhook_endpoints TO expiry_deliver;
+GRANT SELECT, DELETE ON webhook_endpoints TO expiry_deliver;  -- DELETE: --retire
 GRANT INSERT (name) ON webhook_endpoints TO expiry_deliver;
 GRANT UPDATE (seen_at, tokens, tokens_at, failures, paused_until, pauses)
     ON webhook_endpoints TO expiry_deliver;
