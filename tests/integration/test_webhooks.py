@@ -12,17 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import cast
 
 import pytest
-from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import postgres
 from service.adapters.postgres import deliveries as rows
 from service.core import webhook_policy
-from service.ops import replay
 from tests.events_support import insert_events
-from tests.support import Stack, eventually, pg_connection
+from tests.support import Stack, as_role, eventually, pg_connection, run_module
 from tests.webhook_support import (
     BODY_SECRET,
     Receiver,
@@ -236,26 +233,30 @@ async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
 
 
 async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
-    """400, dead; replayed (audited); the receiver now answers 200: the event arrives
-    again with its webhook-id, and the dead letter reads replayed."""
+    """400, dead; replayed by an operator with the command (as expiry_operator, audited);
+    the receiver now answers 200: the event arrives again with its webhook-id, and the
+    dead letter reads replayed."""
     async with receiving([Reply(400), Reply(200)]) as receiver:
         stack = delivering(stack, receiver.endpoint())
         await register(stack)
         [event] = await insert_events(stack, 1)
         async with running_deliverer(stack):
             [record] = await _dead(stack, 1)
-            async with pg_connection(stack.database_url) as conn:
-                actor = postgres.Actor("alice", "tester", "localhost")
-                no_broker = cast(AbstractRobustConnection, None)  # a delivery needs none
-                [result] = await replay.replay(
-                    stack.settings,
-                    conn,
-                    no_broker,
-                    [record],
-                    actor,
-                    {int(str(record["id"])): "due"},
-                )
-            assert result.outcome == postgres.REDELIVERING
+            env = stack.env(
+                DATABASE_URL=as_role(stack.database_url, "expiry_operator"),
+                EXPIRY_REPLAY_OPERATORS="alice",
+            )
+            replayed = await asyncio.to_thread(
+                run_module,
+                "service.deadletters",
+                "replay",
+                str(record["id"]),
+                "--operator",
+                "alice",
+                env=env,
+            )
+            assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+            assert "redelivering" in replayed.stdout
             await _delivered_all(stack)
 
             async def arrived_again() -> bool:
@@ -264,3 +265,6 @@ async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> 
             await eventually(arrived_again, timeout=10, every=0.1)
     [after] = await dead_letters(stack)
     assert after["status"] == "replayed"
+    async with pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
+    assert [tuple(row) for row in audit] == [("alice", postgres.REDELIVERING)]
