@@ -51,13 +51,13 @@ class Bookkeeper:
         recorded: whoever claims it next delivers it again)."""
         attributes = {"endpoint": self.endpoint}
         async with self.pool.acquire() as conn:
-            if answer.status is not None and answer.verdict is not Verdict.RETRY:
-                await rows.answered(conn, self.endpoint)
             if answer.verdict is Verdict.DELIVERED:
-                settled = await rows.delivered(conn, delivery.id, token=self.token)
+                settled = await rows.delivered(conn, self.endpoint, delivery.id, token=self.token)
                 if settled:
                     self.metrics.delivered.add(1, attributes)
                 return _said(settled, self.endpoint, delivery)
+            if answer.status is not None and answer.verdict is Verdict.PERMANENT:
+                await rows.answered(conn, self.endpoint)  # it answers, if not as hoped
             give_up = webhook_policy.PERMANENT
             delay = 0.0
             if answer.verdict is Verdict.RETRY:

@@ -438,7 +438,7 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
         assert tokens.granted == 3
         claimed = await deliveries.claim(conn, "a", 3, lease_seconds=30, token=token)
         await deliveries.give_back(conn, "a", 3 - len(claimed), burst=10)
-        assert await deliveries.delivered(conn, claimed[0].id, token=token)
+        assert await deliveries.delivered(conn, "a", claimed[0].id, token=token)
         assert await deliveries.put_off(
             conn, claimed[1].id, token=token, seconds=60, status=503, error_class="x"
         )

@@ -222,13 +222,13 @@ async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
     async with pg_connection(stack.database_url) as conn:
         [claimed] = await rows.claim(conn, "orders", 5, lease_seconds=0.2, token=first)
         await asyncio.sleep(0.4)
-        assert not await rows.delivered(conn, claimed.id, token=first)
+        assert not await rows.delivered(conn, "orders", claimed.id, token=first)
         assert not await rows.put_off(
             conn, claimed.id, token=first, seconds=0, status=500, error_class="x"
         )
         [again] = await rows.claim(conn, "orders", 5, lease_seconds=30, token=second)
-        assert not await rows.delivered(conn, again.id, token=first)
-        assert await rows.delivered(conn, again.id, token=second)
+        assert not await rows.delivered(conn, "orders", again.id, token=first)
+        assert await rows.delivered(conn, "orders", again.id, token=second)
     assert await deliveries(stack) == []
 
 

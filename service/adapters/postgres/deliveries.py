@@ -79,10 +79,18 @@ RETURNING d.id, d.message_id, d.reservation_id, d.hold_until, d.expired_at, d.tr
 """
 
 # Settling: each matches only while the claim's lease holds.
+# Delivered: the row goes, and the endpoint, which answered, is no longer failing nor
+# paused (one round trip: the reset writes only when there is something to reset).
 DELIVERED = """
-DELETE FROM webhook_deliveries
- WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
-RETURNING id
+WITH done AS (
+    DELETE FROM webhook_deliveries
+     WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+ RETURNING id
+), answered AS (
+    UPDATE webhook_endpoints SET failures = 0, pauses = 0, paused_until = NULL
+     WHERE name = $3 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
+)
+SELECT count(*) FROM done
 """
 
 PUT_OFF = """
@@ -226,9 +234,11 @@ async def claim(
     return [Delivery(**dict(row)) for row in rows]
 
 
-async def delivered(conn: Connection, delivery_id: int, *, token: UUID) -> bool:
-    """Done: False when the lease had lapsed (another deliverer may send it again)."""
-    return await conn.fetchval(DELIVERED, delivery_id, token) is not None
+async def delivered(conn: Connection, endpoint: str, delivery_id: int, *, token: UUID) -> bool:
+    """Done (and the endpoint no longer failing): False when the lease had lapsed (another
+    deliverer may send it again)."""
+    done: int = await conn.fetchval(DELIVERED, delivery_id, token, endpoint)
+    return done > 0
 
 
 async def put_off(
