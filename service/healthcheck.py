@@ -109,10 +109,11 @@ async def ready(where: Target, timeout: float) -> str | None:
     return " ".join(body.split()) or status_line or "no response"
 
 
-async def check(settings: Settings, timeout: float) -> list[str]:
-    """Problems found: empty when a database host, a broker node (and readiness) are fine."""
+async def check(settings: Settings, timeout: float, *, broker: bool = True) -> list[str]:
+    """Problems found: empty when a database host, a broker node (unless ``broker`` is
+    False: a process that never connects to one) and readiness are fine."""
     database = database_targets(settings.database_url)
-    nodes = [target("RabbitMQ", url) for url in settings.amqp_url]
+    nodes = [target("RabbitMQ", url) for url in settings.amqp_url] if broker else []
     database_problems, node_problems = await asyncio.gather(
         reach_any(database, timeout), reach_any(nodes, timeout)
     )
@@ -124,12 +125,13 @@ async def check(settings: Settings, timeout: float) -> list[str]:
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
-    problems = await check(settings, args.timeout)
+    problems = await check(settings, args.timeout, broker=not args.no_broker)
     if problems:
         print(redact(f"unhealthy: {'; '.join(problems)}"), flush=True)
         return 1
     ready_too = " and /readyz answers 200" if readiness_target(settings) else ""
-    print(f"healthy: PostgreSQL and RabbitMQ are reachable{ready_too}", flush=True)
+    servers = "PostgreSQL is" if args.no_broker else "PostgreSQL and RabbitMQ are"
+    print(f"healthy: {servers} reachable{ready_too}", flush=True)
     return 0
 
 
@@ -149,6 +151,12 @@ def main() -> None:
         default=DEFAULT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help=f"per connection (default {DEFAULT_TIMEOUT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--no-broker",
+        action="store_true",
+        help="do not look for RabbitMQ: for a process that never connects to it "
+        "(python -m service.deliver)",
     )
     run_command(parser, _main)
 

@@ -1,7 +1,8 @@
 """``python -m service.deliver``: POST the events to the endpoints of ``EXPIRY_WEBHOOKS``
 until SIGTERM or SIGINT, then settle the attempts in flight and exit 0.
 
-The process is ``service/deliver/running.py``; one endpoint's deliveries, ``courier.py``.
+The process is ``service/deliver/deliverer.py``; one endpoint's deliveries, ``courier.py``
+and ``bookkeeping.py``.
 """
 
 from __future__ import annotations

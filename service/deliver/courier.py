@@ -28,6 +28,10 @@ from service.settings import Endpoint, Settings
 
 log = logging.getLogger("service.deliver")
 
+# A retired endpoint (--retire) is looked at again this seldom, in case it is registered
+# again; a deliverer started with it registers it at its start.
+RETIRED_LOOK_SECONDS = 60.0
+
 
 def burst_of(endpoint: Endpoint) -> float:
     """The shared bucket's size: a tenth of a second's requests (at least one), so that
@@ -97,6 +101,10 @@ class Courier:
                 wanted=free,
                 probe_seconds=settings.webhook_lease_seconds,
             )
+            if not tokens.registered:
+                log.warning("webhook.retired", extra={"endpoint": self.name})
+                return [], RETIRED_LOOK_SECONDS
+            self.metrics.looked()  # the look succeeded, whatever it allows
             if tokens.paused > 0:
                 return [], min(tokens.paused, settings.webhook_poll_seconds)
             if tokens.granted == 0:
@@ -110,7 +118,6 @@ class Courier:
                 token=self.token,
             )
             await rows.give_back(conn, self.name, tokens.granted - len(batch), burst=burst)
-        self.metrics.looked()
         return batch, 0.0 if batch else settings.webhook_poll_seconds
 
     async def _deliver(self, delivery: rows.Delivery) -> None:

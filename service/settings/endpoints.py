@@ -176,7 +176,7 @@ class _Webhooks(BaseSettings):
     # is honoured up to its own cap.
     webhook_backoff_seconds: float = Field(default=1.0, gt=0, le=3600)
     webhook_backoff_cap_seconds: float = Field(default=600.0, gt=0, le=86_400)
-    webhook_retry_after_cap_seconds: float = Field(default=300.0, ge=0, le=86_400)
+    webhook_retry_after_cap_seconds: float = Field(default=300.0, ge=1, le=86_400)
     # Requests in flight to one endpoint from one deliverer.
     webhook_concurrency: int = Field(default=8, ge=1, le=256)
     # A claim's lease: longer than any endpoint's timeout (checked at start).

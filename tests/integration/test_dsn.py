@@ -85,3 +85,18 @@ async def test_healthcheck_reports_every_host_when_none_answers() -> None:
     ]
     assert "127.0.0.1:1:" in problems[0]
     assert "127.0.0.1:2:" in problems[1]
+
+
+async def test_healthcheck_without_the_broker_asks_only_for_the_database(
+    endpoints: Endpoints,
+) -> None:
+    """--no-broker (the deliverer's, which never connects to RabbitMQ): a broker that does
+    not answer is no problem; a database that does not is one."""
+    nowhere = "amqp://guest:guest@127.0.0.1:1/"
+    settings = stack_settings(endpoints.database_url, nowhere)
+    assert await healthcheck.check(settings, 3.0, broker=False) == []
+    [problem] = await healthcheck.check(settings, 3.0)
+    assert problem.startswith("cannot reach RabbitMQ at 127.0.0.1:1")
+    gone = stack_settings("postgresql://u@127.0.0.1:1/db", nowhere)
+    [problem] = await healthcheck.check(gone, 3.0, broker=False)
+    assert problem.startswith("cannot reach PostgreSQL at 127.0.0.1")

@@ -809,7 +809,7 @@ GRANTS = {
     (DELIVER, "webhook_endpoints", "DELETE"): EVERY_COLUMN,
     (DELIVER, "webhook_endpoints", "INSERT"): "name",
     (DELIVER, "webhook_endpoints", "UPDATE"): "seen_at tokens tokens_at failures paused_until "
-    "pauses",
+    "probing_until pauses",
     (DELIVER, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
     (DELIVER, "webhook_deliveries", "DELETE"): EVERY_COLUMN,
     (DELIVER, "webhook_deliveries", "UPDATE"): (

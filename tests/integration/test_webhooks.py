@@ -17,6 +17,7 @@ import pytest
 
 from service.adapters import postgres
 from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres.pool import Connection
 from service.core import webhook_policy
 from tests.events_support import insert_events
 from tests.support import Stack, as_role, eventually, pg_connection, run_module
@@ -268,3 +269,58 @@ async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> 
     async with pg_connection(stack.database_url) as conn:
         audit = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
     assert [tuple(row) for row in audit] == [("alice", postgres.REDELIVERING)]
+
+
+async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: Stack) -> None:
+    """Failures in a row pause the endpoint; failures of attempts in flight when it paused
+    change nothing; when the pause ends one probe goes, and nobody else sends until its
+    answer: a failed probe pauses it twice as long, an answered one ends the pause."""
+    stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())
+    await register(stack)
+
+    async def fail(conn: Connection) -> bool:
+        return await rows.failed(conn, "orders", pause_after=2, first=0.5, cap=10)
+
+    async def take(conn: Connection) -> rows.Tokens:
+        return await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+
+    async with pg_connection(stack.database_url) as conn:
+        assert not await fail(conn)
+        assert await fail(conn)  # the second in a row: paused 0.5 s
+        assert not await fail(conn)  # in flight when it paused: nothing
+        assert not await fail(conn)
+        pauses = await conn.fetchval("SELECT pauses FROM webhook_endpoints")
+        assert pauses == 1
+        took = await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+        assert (took.granted, took.paused > 0) == (0, True)
+        await asyncio.sleep(0.6)
+        probe = await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+        assert probe.granted == 1  # the probe, alone
+        other = await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+        assert other.granted == 0  # nobody else while it is out
+        assert await fail(conn)  # the probe failed: paused again, twice as long
+        row = await conn.fetchrow(
+            "SELECT pauses, extract(epoch FROM paused_until - now())::float8 AS left"
+            " FROM webhook_endpoints"
+        )
+        assert row is not None
+        assert row["pauses"] == 2
+        assert 0.7 < row["left"] <= 1.0
+        await asyncio.sleep(1.1)
+        probe = await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+        assert probe.granted == 1
+        await rows.answered(conn, "orders")  # answered: the pause is over
+        after = await rows.take_tokens(
+            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+        )
+        assert (after.granted, after.paused) == (5, 0.0)

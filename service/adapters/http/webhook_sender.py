@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import ssl
 from datetime import datetime
 from typing import Final
 
+import certifi
 import httpx
 from httpx_secure import SSRFProtectionError, httpx_ssrf_protection
 from standardwebhooks.webhooks import Webhook
@@ -30,6 +32,7 @@ from service.settings.endpoints import host_allowed
 # for a small answer to leave the connection reusable; the bytes are thrown away.
 BODY_READ_LIMIT: Final = 64 * 1024
 USER_AGENT: Final = "expiry-service webhooks"
+DNS_CACHE_SECONDS: Final = 30.0
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -61,6 +64,16 @@ def allowed(
     return not endpoint.plain_http and public(address)
 
 
+def trust() -> ssl.SSLContext:
+    """The certificates a receiver's must chain to: the system's (OpenSSL's default paths,
+    which SSL_CERT_FILE and SSL_CERT_DIR move: a private CA goes there), else certifi's
+    when the system has none. Verified, always: host name and chain."""
+    context = ssl.create_default_context()
+    if not context.cert_store_stats()["x509_ca"]:
+        context.load_verify_locations(cafile=certifi.where())
+    return context
+
+
 class Sender:
     """One endpoint's client: connections kept alive up to ``concurrency`` at once."""
 
@@ -74,12 +87,14 @@ class Sender:
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             follow_redirects=False,
             trust_env=False,  # no proxy from the environment: the guard sees the real peer
-            verify=True,
+            verify=trust(),
             headers={"user-agent": USER_AGENT},
         )
         httpx_ssrf_protection(
             self._client,
             check_globally_reachable=False,  # ours decides: allow_networks may widen it
+            # A name's address (or its refusal) is kept this long: a DNS change shows soon.
+            dns_cache_ttl=DNS_CACHE_SECONDS,
             custom_validator=lambda host, address, _port: allowed(endpoint, host, address, hosts),
         )
 

@@ -11,8 +11,10 @@ it again with the same ``webhook-id``.
 The rate limit is a token bucket per endpoint in its row, shared by every deliverer:
 whoever takes tokens refills it first (``rate`` a second since it was last refilled, up
 to ``burst``); the row lock orders them. A paused endpoint gives no tokens; when its
-pause is over, the first to ask gets one token (the probe) and the pause is stretched
-over the probe's lease, so that nobody else sends meanwhile.
+pause is over, the first to ask gets one token (the probe), and nobody else gets any
+until the probe's answer (or its lease's end): a 2xx ends the pause, a failure starts a
+longer one. Failures of attempts that were in flight when a pause began count for
+nothing: they say nothing the pause did not.
 """
 
 from __future__ import annotations
@@ -34,27 +36,29 @@ INSERT INTO webhook_endpoints (name) SELECT unnest($1::text[])
 
 TAKE_TOKENS = """
 WITH bucket AS (
-    SELECT name, paused_until,
+    SELECT name, paused_until, probing_until,
            least($3::float8, tokens + $2::float8 * greatest(0, extract(epoch FROM
                  clock_timestamp() - tokens_at)))::float8 AS have
       FROM webhook_endpoints WHERE name = $1
        FOR UPDATE
 ), granted AS (
-    SELECT name, have, paused_until,
+    SELECT name, have, paused_until, probing_until,
            CASE WHEN paused_until > clock_timestamp() THEN 0
+                WHEN probing_until > clock_timestamp() THEN 0
                 WHEN paused_until IS NOT NULL THEN least(floor(have), 1)
                 ELSE least(floor(have), $4) END::int AS n
       FROM bucket
 )
 UPDATE webhook_endpoints w
    SET tokens = g.have - g.n, tokens_at = clock_timestamp(),
-       paused_until = CASE WHEN g.paused_until <= clock_timestamp() AND g.n > 0
-                           THEN clock_timestamp() + make_interval(secs => $5)
-                           ELSE g.paused_until END
+       probing_until = CASE WHEN g.paused_until <= clock_timestamp() AND g.n > 0
+                            THEN clock_timestamp() + make_interval(secs => $5)
+                            ELSE g.probing_until END
   FROM granted g
  WHERE w.name = g.name
 RETURNING g.n, g.have::float8,
-          greatest(0, extract(epoch FROM g.paused_until - clock_timestamp()))::float8 AS paused
+          greatest(0, extract(epoch FROM greatest(g.paused_until, w.probing_until)
+                                         - clock_timestamp()))::float8 AS paused
 """
 
 GIVE_BACK = """
@@ -87,7 +91,8 @@ WITH done AS (
      WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
  RETURNING id
 ), answered AS (
-    UPDATE webhook_endpoints SET failures = 0, pauses = 0, paused_until = NULL
+    UPDATE webhook_endpoints
+       SET failures = 0, pauses = 0, paused_until = NULL, probing_until = NULL
      WHERE name = $3 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
 )
 SELECT count(*) FROM done
@@ -111,29 +116,38 @@ RETURNING attempts, since, now() AS at
 
 # The endpoint answered (whatever it said): its failures in a row end, and any pause.
 ANSWERED = """
-UPDATE webhook_endpoints SET failures = 0, pauses = 0, paused_until = NULL
+UPDATE webhook_endpoints
+   SET failures = 0, pauses = 0, paused_until = NULL, probing_until = NULL
  WHERE name = $1 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
 """
 
-# A retryable failure: one more in a row; at $2 in a row, or a probe that failed, the
-# endpoint pauses: $3 seconds the first time in a row, twice as long each time, up to $4.
+# A retryable failure. While the endpoint is paused, nothing (an attempt that was in
+# flight when the pause began says nothing new). Else one more in a row; at $2 in a row,
+# or when the probe is out (it failed, or another attempt did meanwhile), the endpoint
+# pauses: $3 seconds the first time in a row, twice as long each time, up to $4.
 FAILED = """
 WITH before AS (
-    SELECT name, failures, pauses, paused_until FROM webhook_endpoints WHERE name = $1
+    SELECT name, failures, pauses,
+           coalesce(paused_until > clock_timestamp(), false) AS paused,
+           coalesce(probing_until > clock_timestamp(), false) AS probing
+      FROM webhook_endpoints WHERE name = $1
        FOR UPDATE
+), next AS (
+    SELECT name, pauses, paused, NOT paused AND (probing OR failures + 1 >= $2) AS pause,
+           failures
+      FROM before
 )
 UPDATE webhook_endpoints w
-   SET failures = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL THEN 0
-                       ELSE b.failures + 1 END,
-       paused_until = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL
-                           THEN clock_timestamp() + make_interval(
-                                secs => least($4::float8, $3::float8 * 2 ^ least(b.pauses, 30)))
-                           ELSE NULL END,
-       pauses = CASE WHEN b.failures + 1 >= $2 OR b.paused_until IS NOT NULL
-                     THEN b.pauses + 1 ELSE b.pauses END
-  FROM before b
- WHERE w.name = b.name
-RETURNING w.pauses, w.paused_until IS NOT NULL AS paused
+   SET failures = CASE WHEN n.paused THEN w.failures WHEN n.pause THEN 0
+                       ELSE n.failures + 1 END,
+       paused_until = CASE WHEN n.pause THEN clock_timestamp() + make_interval(
+                                secs => least($4::float8, $3::float8 * 2 ^ least(n.pauses, 30)))
+                           ELSE w.paused_until END,
+       probing_until = CASE WHEN n.pause THEN NULL ELSE w.probing_until END,
+       pauses = CASE WHEN n.pause THEN n.pauses + 1 ELSE n.pauses END
+  FROM next n
+ WHERE w.name = n.name
+RETURNING n.pause AS paused
 """
 
 # An operator's replay: the dead delivery is due again, with fresh attempts and age.
@@ -162,10 +176,11 @@ SELECT w.name AS endpoint, count(d.id) FILTER (WHERE NOT d.dead) AS pending,
        count(d.id) FILTER (WHERE d.dead) AS dead,
        coalesce(extract(epoch FROM now() - min(d.created_at) FILTER (WHERE NOT d.dead)), 0)
            ::float8 AS oldest_age,
-       greatest(0, extract(epoch FROM w.paused_until - now()))::float8 AS paused_for
+       greatest(0, extract(epoch FROM greatest(w.paused_until, w.probing_until) - now()))
+           ::float8 AS paused_for
   FROM webhook_endpoints w
   LEFT JOIN webhook_deliveries d ON d.endpoint = w.name
- GROUP BY w.name, w.paused_until
+ GROUP BY w.name, w.paused_until, w.probing_until
  ORDER BY w.name
 """
 
@@ -192,6 +207,7 @@ class Tokens:
     granted: int
     have: float
     paused: float
+    registered: bool = True  # False: the endpoint was retired (--retire)
 
 
 @dataclass(frozen=True)
@@ -215,8 +231,8 @@ async def take_tokens(
 ) -> Tokens:
     """Up to ``wanted`` requests' worth of the endpoint's shared bucket."""
     row = await conn.fetchrow(TAKE_TOKENS, name, rate, burst, wanted, probe_seconds)
-    if row is None:  # not registered (a replay's endpoint that no deliverer serves)
-        return Tokens(0, 0.0, 0.0)
+    if row is None:  # retired (python -m service.deliver --retire) while this one ran
+        return Tokens(0, 0.0, 0.0, registered=False)
     return Tokens(row["n"], row["have"], row["paused"])
 
 
@@ -282,8 +298,8 @@ async def answered(conn: Connection, endpoint: str) -> None:
 async def failed(
     conn: Connection, endpoint: str, *, pause_after: int, first: float, cap: float
 ) -> bool:
-    """One more retryable failure; True when the endpoint is now paused (for ``first``
-    seconds the first time in a row, twice as long each time, up to ``cap``)."""
+    """One more retryable failure; True when it paused the endpoint (for ``first`` seconds
+    the first time in a row, twice as long each time, up to ``cap``)."""
     row = await conn.fetchrow(FAILED, endpoint, pause_after, first, cap)
     return bool(row is not None and row["paused"])
 

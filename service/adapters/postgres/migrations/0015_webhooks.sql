@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS webhook_endpoints (
     tokens        float8 NOT NULL DEFAULT 0,            -- the rate limit's bucket
     tokens_at     timestamptz NOT NULL DEFAULT now(),   -- when it was last refilled
     failures      integer NOT NULL DEFAULT 0,           -- failed attempts in a row
-    paused_until  timestamptz,                          -- no claims before then but a probe
+    paused_until  timestamptz,                          -- no claims before then
+    probing_until timestamptz,                          -- one probe out: no other claims
     pauses        integer NOT NULL DEFAULT 0            -- pauses in a row (each one longer)
 );
 
@@ -113,7 +114,7 @@ GRANT INSERT (endpoint, message_id, reservation_id, hold_until, expired_at, trac
 -- recorder does) and reads the ledger (the schema check every command makes).
 GRANT SELECT, DELETE ON webhook_endpoints TO expiry_deliver;  -- DELETE: --retire
 GRANT INSERT (name) ON webhook_endpoints TO expiry_deliver;
-GRANT UPDATE (seen_at, tokens, tokens_at, failures, paused_until, pauses)
+GRANT UPDATE (seen_at, tokens, tokens_at, failures, paused_until, probing_until, pauses)
     ON webhook_endpoints TO expiry_deliver;
 GRANT SELECT, DELETE ON webhook_deliveries TO expiry_deliver;
 GRANT UPDATE (next_at, attempts, lease_until, lease_token, last_status, last_error, dead)
