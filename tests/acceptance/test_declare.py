@@ -51,7 +51,7 @@ async def test_declare_then_the_service_runs(bare_stack: Stack) -> None:
     for _ in range(2):
         declared = await asyncio.to_thread(run, "service.declare", env=env)
         assert declared.returncode == 0, declared.stderr
-        assert declared.stdout.startswith("topology declared: 3 exchange(s), 5 queue(s)")
+        assert declared.stdout.startswith("topology declared: 4 exchange(s), 5 queue(s)")
     ids = await insert_holds(bare_stack.database_url, 5)
     consumer = await start("service.consume", env=env)
     try:
