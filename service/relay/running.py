@@ -71,6 +71,7 @@ async def run(
             tracer_for("service.relay"),
             message_type=EVENT,
             continued_only=True,
+            mandatory=settings.events_unroutable == "keep",
         )
         pump = Pump(settings, pool, publisher, metrics, exits_for(settings.failpoint))
         wake = asyncio.Event()

@@ -259,6 +259,10 @@ class _Events(BaseSettings):
     relay_poll_seconds: float = Field(default=2.0, gt=0, le=300)
     # The age of the oldest pending event above which status says so (and the alert).
     events_objective_seconds: PositiveFloat = 60.0
+    # An event no queue is bound for: kept pending until a reader binds one (keep), or
+    # confirmed by the broker and dropped (drop: a deployment whose only readers are the
+    # webhooks' endpoints, which would otherwise keep every event in the outbox).
+    events_unroutable: Literal["keep", "drop"] = "keep"
 
 
 class _Retention(BaseSettings):

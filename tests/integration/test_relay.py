@@ -243,6 +243,22 @@ async def test_an_event_nobody_reads_stays_pending_and_is_published_once_a_queue
     assert warning.exchange == EVENTS_EXCHANGE  # type: ignore[attr-defined]
 
 
+async def test_with_unroutable_drop_an_event_nobody_reads_is_confirmed_and_marked_sent(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EXPIRY_EVENTS_UNROUTABLE=drop (no reader but the webhooks): the events are published
+    without mandatory, the broker confirms and drops them, and the relay marks them sent;
+    nothing is said unroutable and the outbox is empty."""
+    caplog.set_level(logging.INFO)
+    stack = _relaying(stack, events_unroutable="drop")
+    mids = await insert_events(stack, 10)
+    async with running_relay(stack.settings):
+        await eventually(lambda: all_sent(stack, len(mids)))
+    state = await outbox(stack)
+    assert (state.pending, sorted(state.sent)) == ({}, sorted(mids))
+    assert not await _said(caplog, "relay.unroutable")
+
+
 async def _said(caplog: pytest.LogCaptureFixture, event: str) -> bool:
     return any(r.msg == event for r in caplog.records)
 

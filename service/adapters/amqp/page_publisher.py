@@ -90,9 +90,12 @@ def _type_and_app(message_type: str) -> bytes:
     return (_short_str(message_type) or b"") + _APP
 
 
-def publish_frame(channel_number: int, exchange: str, routing_key: str) -> bytes:
-    """The ``basic.publish`` method frame (mandatory), the same for every command."""
-    method = spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
+def publish_frame(
+    channel_number: int, exchange: str, routing_key: str, *, mandatory: bool = True
+) -> bytes:
+    """The ``basic.publish`` method frame (mandatory unless told), the same for every
+    command."""
+    method = spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
     return pamqp_frame.marshal(method, channel_number)
 
 
@@ -186,6 +189,9 @@ class PagePublisher:
     tracer: trace.Tracer | None = None
     message_type: str = COMMAND_TYPE
     continued_only: bool = False
+    # Mandatory: a message no queue takes is returned (and so not confirmed). Without, the
+    # broker confirms and drops it (the events with EXPIRY_EVENTS_UNROUTABLE=drop).
+    mandatory: bool = True
 
     async def publish(self, commands: Sequence[Command], *, timeout: float) -> list[str | None]:
         """Publish ``commands`` (mandatory, persistent) and wait at most ``timeout`` seconds,
@@ -254,7 +260,7 @@ async def _publish(
                 exchange=publisher.exchange,
                 routing_key=publisher.routing_key,
                 properties=properties_of(command.message_id, extra, publisher.message_type),
-                mandatory=True,
+                mandatory=publisher.mandatory,
             )
         )
         for command, extra in zip(commands, headers, strict=True)
@@ -270,7 +276,9 @@ async def _write_page(
     """The page's frames as one write, its delivery tags and confirmations registered as
     ``basic_publish`` registers one command's, under the channel's lock."""
     number = channel.number
-    method = publish_frame(number, publisher.exchange, publisher.routing_key)
+    method = publish_frame(
+        number, publisher.exchange, publisher.routing_key, mandatory=publisher.mandatory
+    )
     kind = publisher.message_type
     payload = b"".join(
         command_frames(number, method, command, extra, kind)
