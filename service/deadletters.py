@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -109,7 +110,13 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
             await dead_letters.refuse(conn, actor, rows, why)
         confirmed = await plans.confirm(conn, planned)
         expectations = await dead_letters.expectations(conn, confirmed.rows, settings)
-        async with amqp.connected(settings, name=f"{NAME} {actor.operator}") as connection:
+        # Webhook deliveries' dead letters are replayed in the database alone.
+        broker = (
+            amqp.connected(settings, name=f"{NAME} {actor.operator}")
+            if replay.needs_broker(confirmed.rows)
+            else contextlib.nullcontext(None)
+        )
+        async with broker as connection:
             results = await replay.replay(
                 settings, conn, connection, confirmed.rows, actor, expectations
             )

@@ -99,10 +99,15 @@ def any_failed(results: list[ReplayResult]) -> bool:
     return any(r.outcome == "publish-failed" for r in results)
 
 
+def needs_broker(rows: list[Any]) -> bool:
+    """Whether replaying ``rows`` republishes a command (a webhook delivery needs none)."""
+    return any(not _delivery_of(row) for row in rows)
+
+
 async def replay(
     settings: Settings,
     conn: postgres.Connection,
-    connection: AbstractRobustConnection,
+    connection: AbstractRobustConnection | None,
     rows: list[Any],
     actor: postgres.Actor,
     expectations: dict[int, str],
@@ -115,6 +120,8 @@ async def replay(
     rows = [row for row in rows if not _delivery_of(row)]
     if not rows:
         return results
+    if connection is None:
+        raise ValueError("replaying a command needs a broker connection")
     async with DeadQueue.walk(settings, conn, connection) as dead:
         replayer = Replayer(settings, conn, dead, actor, expectations)
         from_queue = await replayer.from_queue({row["message_id"]: row for row in rows})

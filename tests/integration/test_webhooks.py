@@ -234,7 +234,8 @@ async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
 
 
 async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
-    """400, dead; replayed by an operator with the command (as expiry_operator, audited);
+    """400, dead; replayed by an operator with the command (as expiry_operator, audited,
+    no broker reachable: none is needed);
     the receiver now answers 200: the event arrives again with its webhook-id, and the
     dead letter reads replayed."""
     async with receiving([Reply(400), Reply(200)]) as receiver:
@@ -246,6 +247,7 @@ async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> 
             env = stack.env(
                 DATABASE_URL=as_role(stack.database_url, "expiry_operator"),
                 EXPIRY_REPLAY_OPERATORS="alice",
+                AMQP_URL="amqp://guest:guest@127.0.0.1:1/",  # a delivery's needs no broker
             )
             replayed = await asyncio.to_thread(
                 run_module,
