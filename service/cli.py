@@ -14,13 +14,15 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
+
+from prometheus_client.registry import CollectorRegistry
 
 from service import pid1
 from service.adapters.amqp import internals
 from service.adapters.classify import schema_missing
-from service.adapters.telemetry import setup_logging
+from service.adapters.telemetry import prometheus_registry, setup_logging, telemetry_for
 from service.core.errors import ConfigError, UsageError
 from service.core.redaction import redact
 from service.settings import Settings, load_settings
@@ -190,3 +192,31 @@ def report_failure(prog: str, exc: BaseException, *, verbose: bool) -> int:
             print(f"  caused by {line}", file=sys.stderr)
         sys.stderr.write(redact("".join(traceback.format_exception(exc))))
     return EXIT_FAILURE if missing is None else EXIT_NOT_MIGRATED
+
+
+class _Closing(Protocol):
+    def close(self) -> None: ...
+
+
+M = TypeVar("M", bound=_Closing)
+
+
+async def serve_until_stopped(
+    settings: Settings,
+    role: str,
+    metrics_for: Callable[[CollectorRegistry | None], M],
+    work: Callable[[asyncio.Event, M], Awaitable[object]],
+) -> int:
+    """A long-lived process's body: ``work`` until SIGTERM or SIGINT sets its event, with
+    its telemetry (its span export ready first) and its metrics (shown where a scrape
+    reads them, and taken back out at the end); 0 once ``work`` returns."""
+    with (
+        stop_on_signals(asyncio.Event()) as stop,
+        telemetry_for(settings, role, metrics=True, long_lived=True),
+    ):
+        metrics = metrics_for(prometheus_registry(settings))
+        try:
+            await work(stop, metrics)
+        finally:
+            metrics.close()
+    return 0

@@ -5,10 +5,9 @@ received, and the outbox's rows."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +19,7 @@ from service.core.domain import epoch_millis
 from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 from service.relay import Pump, run
 from service.settings import Settings
-from tests.support import Stack, eventually, pg_connection
+from tests.support import Stack, eventually, pg_connection, running_until_stopped
 
 
 @dataclass(frozen=True)
@@ -92,17 +91,9 @@ async def collect_events(
     return got
 
 
-@contextlib.asynccontextmanager
-async def running_relay(settings: Settings) -> AsyncIterator[asyncio.Task[Pump]]:
+def running_relay(settings: Settings) -> AbstractAsyncContextManager[asyncio.Task[Pump]]:
     """An in-process relay (the real ``run``), stopped as SIGTERM would on leaving."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(run(settings, stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        async with asyncio.timeout(60):
-            await task  # what made it fail, if it did
+    return running_until_stopped(lambda stop: run(settings, stop))
 
 
 INSERT_EVENTS = """

@@ -18,14 +18,15 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
+import httpx
 import pytest
 
 # Re-exported: many tests import them from here.
@@ -35,6 +36,8 @@ from service.adapters.amqp.queues import QueueCounts, queue_counts
 from service.adapters.amqp.vhosts import with_vhost as with_vhost
 from service.core.dsn import with_database as with_database
 from service.settings import Settings
+
+T = TypeVar("T")
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -229,6 +232,34 @@ async def eventually(
     async with asyncio.timeout(timeout):
         while not await check():
             await asyncio.sleep(every)
+
+
+async def until_ready(http: httpx.AsyncClient, *, timeout: float = 30.0) -> None:
+    """Wait until a process's ``/readyz`` answers 200 (not listening yet counts as no)."""
+
+    async def ready() -> bool:
+        try:
+            return (await http.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await eventually(ready, timeout=timeout)
+
+
+@contextlib.asynccontextmanager
+async def running_until_stopped(
+    work: Callable[[asyncio.Event], Coroutine[Any, Any, T]],
+) -> AsyncIterator[asyncio.Task[T]]:
+    """``work`` in a task (a process's real ``run``, in-process), stopped as SIGTERM would
+    on leaving; what made it fail, if it did, is raised then."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(work(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        async with asyncio.timeout(60):
+            await task
 
 
 async def _declared(amqp_url: str, queue: str) -> QueueCounts:

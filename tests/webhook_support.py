@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from service.adapters.postgres import deliveries as rows
 from service.deliver.courier import Courier
 from service.deliver.deliverer import run
 from service.settings import Endpoint
-from tests.support import Stack, pg_connection
+from tests.support import Stack, pg_connection, running_until_stopped
 
 LOOPBACK = ["127.0.0.0/8"]
 BODY_SECRET = "a-response-body-that-must-never-be-kept"
@@ -147,17 +148,9 @@ async def register(stack: Stack) -> None:
         await rows.register(conn, [endpoint.name for endpoint in stack.settings.webhooks])
 
 
-@contextlib.asynccontextmanager
-async def running_deliverer(stack: Stack) -> AsyncIterator[asyncio.Task[list[Courier]]]:
+def running_deliverer(stack: Stack) -> AbstractAsyncContextManager[asyncio.Task[list[Courier]]]:
     """An in-process deliverer (the real ``run``), stopped as SIGTERM would on leaving."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(run(stack.settings, stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        async with asyncio.timeout(60):
-            await task  # what made it fail, if it did
+    return running_until_stopped(lambda stop: run(stack.settings, stop))
 
 
 async def deliveries(stack: Stack) -> list[dict[str, Any]]:

@@ -8,11 +8,9 @@ and ``bookkeeping.py``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from service.adapters import telemetry
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
-from service.cli import run_command, stop_on_signals
+from service.cli import run_command, serve_until_stopped
 from service.deliver.deliverer import check_settings, retire, run
 from service.settings import Settings
 
@@ -21,16 +19,12 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
     if args.retire is not None:
         return await retire(settings, args.retire, yes=args.yes, say=print)
     check_settings(settings)  # before telemetry starts: a refusal is one line
-    with (
-        stop_on_signals(asyncio.Event()) as stop,
-        telemetry.telemetry_for(settings, "deliver", metrics=True, long_lived=True),
-    ):
-        metrics = DeliverMetrics(prometheus=telemetry.prometheus_registry(settings))
-        try:
-            await run(settings, stop, metrics=metrics)
-        finally:
-            metrics.close()
-    return 0
+    return await serve_until_stopped(
+        settings,
+        "deliver",
+        lambda registry: DeliverMetrics(prometheus=registry),
+        lambda stop, metrics: run(settings, stop, metrics=metrics),
+    )
 
 
 def main() -> None:

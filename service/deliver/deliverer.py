@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from service.adapters import postgres
-from service.adapters.http.server import HealthServer
+from service.adapters.http.server import serving
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import deliveries as rows
 from service.adapters.postgres.schema import require_current_schema
@@ -77,7 +77,14 @@ async def run(
             opened.push_async_callback(sender.close)
             couriers.append(Courier(settings, endpoint, pool, sender, metrics))
         metrics.objective_seconds = settings.webhook_objective_seconds
-        async with _endpoint(settings, pool, stop):
+
+        async def readiness() -> dict[str, bool]:
+            return {
+                "running": not stop.is_set(),
+                "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
+            }
+
+        async with serving(settings.http_host, settings.http_port, readiness):
             log.info(
                 "deliver.started",
                 extra={"endpoints": [endpoint.name for endpoint in settings.webhooks]},
@@ -129,26 +136,3 @@ async def _read_backlogs(pool: postgres.Pool, metrics: DeliverMetrics, stop: asy
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(BACKLOG_READ_SECONDS):
                 await stop.wait()
-
-
-@contextlib.asynccontextmanager
-async def _endpoint(
-    settings: Settings, pool: postgres.Pool, stop: asyncio.Event
-) -> AsyncIterator[None]:
-    """``/healthz``, ``/readyz`` and ``/metrics`` on ``EXPIRY_HTTP_PORT`` (none when 0)."""
-    if not settings.http_port:
-        yield
-        return
-
-    async def readiness() -> dict[str, bool]:
-        return {
-            "running": not stop.is_set(),
-            "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
-        }
-
-    server = HealthServer(readiness, metrics=True)
-    await server.start(settings.http_host, settings.http_port)
-    try:
-        yield
-    finally:
-        await server.close()

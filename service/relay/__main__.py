@@ -7,26 +7,20 @@ The process is ``service/relay/running.py``; what a batch does, ``pump.py``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from service.adapters import telemetry
 from service.adapters.telemetry.relay_metrics import RelayMetrics
-from service.cli import run_command, stop_on_signals
+from service.cli import run_command, serve_until_stopped
 from service.relay.running import run
 from service.settings import Settings
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:
-    with (
-        stop_on_signals(asyncio.Event()) as stop,
-        telemetry.telemetry_for(settings, "relay", metrics=True, long_lived=True),
-    ):
-        metrics = RelayMetrics(prometheus=telemetry.prometheus_registry(settings))
-        try:
-            await run(settings, stop, metrics=metrics)
-        finally:
-            metrics.close()
-    return 0
+    return await serve_until_stopped(
+        settings,
+        "relay",
+        lambda registry: RelayMetrics(prometheus=registry),
+        lambda stop, metrics: run(settings, stop, metrics=metrics),
+    )
 
 
 def main() -> None:

@@ -18,21 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp.declaring import check_topology
 from service.adapters.amqp.page_publisher import PagePublisher
-from service.adapters.http.server import HealthServer
+from service.adapters.http.server import serving
 from service.adapters.postgres.schema import require_current_schema
 from service.adapters.telemetry import tracer_for
 from service.adapters.telemetry.relay_metrics import RelayMetrics
 from service.core.events import EVENT
 from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, events_topology
 from service.relay.exit_points import exits_for
-from service.relay.listener import Listener, listening
+from service.relay.listener import listening
 from service.relay.pump import Pump
 from service.settings import Settings
 
@@ -77,7 +74,16 @@ async def run(
         wake = asyncio.Event()
         listener = await opened.enter_async_context(listening(settings, wake))
         metrics.is_listening = lambda: listener.listening
-        async with _endpoint(settings, pump, listener, connection, channel, pool):
+
+        async def readiness() -> dict[str, bool]:
+            return {
+                "draining": pump.health.draining(),
+                "broker": connection.connected.is_set() and not channel.is_closed,
+                "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
+                "listening": listener.listening,
+            }
+
+        async with serving(settings.http_host, settings.http_port, readiness):
             log.info(
                 "relay.started",
                 extra={"exchange": EVENTS_EXCHANGE, "batch_size": settings.relay_batch_size},
@@ -86,33 +92,3 @@ async def run(
         await channel.close()
     log.info("relay.stopped", extra=pump.ledger.facts())
     return pump
-
-
-@contextlib.asynccontextmanager
-async def _endpoint(
-    settings: Settings,
-    pump: Pump,
-    listener: Listener,
-    connection: AbstractRobustConnection,
-    channel: AbstractChannel,
-    pool: postgres.Pool,
-) -> AsyncIterator[None]:
-    """``/healthz``, ``/readyz`` and ``/metrics`` on ``EXPIRY_HTTP_PORT`` (none when 0)."""
-    if not settings.http_port:
-        yield
-        return
-
-    async def readiness() -> dict[str, bool]:
-        return {
-            "draining": pump.health.draining(),
-            "broker": connection.connected.is_set() and not channel.is_closed,
-            "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
-            "listening": listener.listening,
-        }
-
-    server = HealthServer(readiness, metrics=True)
-    await server.start(settings.http_host, settings.http_port)
-    try:
-        yield
-    finally:
-        await server.close()

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from service.adapters.http.server import HealthServer
+from service.adapters.http.server import serving
 from service.adapters.telemetry.gauges import configure
 from service.adapters.telemetry.metrics import ScanMetrics
 from service.core.errors import PublishNotConfirmed, TopologyMismatch
@@ -170,16 +170,11 @@ async def pass_on_timer(
 async def endpoint(settings: Settings, scanner: Scanner) -> AsyncIterator[None]:
     """The scanner's ``/healthz``, ``/readyz`` and ``/metrics`` on ``EXPIRY_HTTP_PORT``
     (none when it is 0)."""
-    if not settings.http_port:
-        yield
-        return
 
     async def checks() -> dict[str, bool]:
         return scanner.health.checks()
 
-    server = HealthServer(checks, metrics=True, liveness=scanner.health.healthy)
-    await server.start(settings.http_host, settings.http_port)
-    try:
+    async with serving(
+        settings.http_host, settings.http_port, checks, liveness=scanner.health.healthy
+    ):
         yield
-    finally:
-        await server.close()

@@ -93,14 +93,7 @@ async def test_it_delivers_as_its_role_serves_its_endpoint_and_stops_with_zero(
         deliverer = await start(DELIVER, env=_env(stack, [endpoint], EXPIRY_HTTP_PORT=str(port)))
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-
-                async def ready() -> bool:
-                    try:
-                        return (await http.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await support.eventually(ready, timeout=30)
+                await support.until_ready(http)
                 ids = await insert_events(stack, 20)
 
                 async def all_delivered() -> bool:

@@ -122,14 +122,7 @@ async def test_the_endpoint_says_ready_and_serves_the_relays_metrics(stack: supp
     try:
         await support.eventually(lambda: all_sent(stack, 30), timeout=30)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-
-            async def ready() -> bool:
-                try:
-                    return (await http.get("/readyz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await support.eventually(ready, timeout=30)
+            await support.until_ready(http)
             checks = (await http.get("/readyz")).json()
             metrics = (await http.get("/metrics")).text
     finally:

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -356,3 +357,25 @@ async def _send(
                 left -= len(data)
     except TimeoutError:
         pass
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    host: str,
+    port: int,
+    readiness: ReadinessCheck,
+    *,
+    metrics: bool = True,
+    liveness: Callable[[], bool] | None = None,
+) -> AsyncIterator[HealthServer | None]:
+    """A process's ``/healthz``, ``/readyz`` (and ``/metrics``) on ``host:port`` for the
+    block; none when ``port`` is 0 (``EXPIRY_HTTP_PORT`` unset)."""
+    if not port:
+        yield None
+        return
+    server = HealthServer(readiness, metrics=metrics, liveness=liveness)
+    await server.start(host, port)
+    try:
+        yield server
+    finally:
+        await server.close()
