@@ -252,3 +252,21 @@ def test_settings_show_no_secret() -> None:
     settings = Settings(webhooks=(_endpoint(),))
     assert SECRET not in repr(settings)
     assert SECRET not in str(settings.model_dump())
+
+
+async def test_an_attempt_that_fails_otherwise_is_retried_within_its_budget() -> None:
+    """Whatever else an attempt raises (not the network's error, not the guard's) is an
+    answer too, retryable, so that it counts against the delivery's attempts and age
+    rather than leaving it to its lease for ever."""
+    sender = Sender(_endpoint(), concurrency=1)
+
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("something unforeseen")
+
+    sender._client.stream = broken  # type: ignore[method-assign,assignment]
+    try:
+        answer = await sender.post("expired:abc:1", b"{}", datetime.now(UTC))
+    finally:
+        await sender.close()
+    assert (answer.verdict, answer.error_class) == (Verdict.RETRY, webhook_policy.UNREACHABLE)
+    assert answer.reason == "connection failed (RuntimeError)"

@@ -136,6 +136,8 @@ class Sender:
             return webhook_policy.timed_out(timeout)
         except httpx.TransportError as exc:
             return webhook_policy.unreachable(type(exc).__name__)
+        except Exception as exc:  # whatever else fails an attempt counts against its budget
+            return webhook_policy.unreachable(type(exc).__name__)
 
 
 async def _drain(response: httpx.Response) -> None:
