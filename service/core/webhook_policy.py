@@ -145,8 +145,3 @@ def of_dead_letter_key(key: str) -> tuple[str, str] | None:
         return None
     endpoint, _, message_id = key.removeprefix(DEAD_LETTER_PREFIX).partition(":")
     return (endpoint, message_id) if endpoint and message_id else None
-
-
-def is_delivery_class(error_class: str) -> bool:
-    """Whether a dead letter's error class is a delivery's."""
-    return error_class.startswith("webhook.")

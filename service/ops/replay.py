@@ -179,7 +179,7 @@ class Replayer:
                 others.append(copy)
             elif first is None:
                 results[copy.key] = await self._republish(row, copy.message.body, copy)
-            elif first.outcome == "republished" and copy.last_seen <= row["last_seen"]:
+            elif first.outcome == postgres.REPUBLISHED and copy.last_seen <= row["last_seen"]:
                 await self.dead.remove(copy)  # another copy of the command just replayed
             else:
                 others.append(copy)
@@ -220,7 +220,8 @@ class Replayer:
         if original is not None:
             await self.dead.remove(original)
         source = "rebuilt from the record" if original is None else "from expirations.dead"
-        return await self._audit(row, "republished", f"{source}; {self.expectations[row['id']]}")
+        detail = f"{source}; {self.expectations[row['id']]}"
+        return await self._audit(row, postgres.REPUBLISHED, detail)
 
     async def _audit(self, row: Row, outcome: str, detail: str) -> ReplayResult:
         await postgres.record_replay(

@@ -111,7 +111,7 @@ UPDATE webhook_deliveries
    SET attempts = attempts + 1, dead = true, lease_until = NULL, lease_token = NULL,
        last_status = $3, last_error = $4
  WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
-RETURNING attempts, since, now() AS at
+RETURNING id
 """
 
 # The endpoint answered (whatever it said): its failures in a row end, and any pause.
