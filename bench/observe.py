@@ -40,6 +40,8 @@ MODES = {
     "production": "/metrics + tracing 10% at the head",
     "trace100-noexport": "tracing, 100% sampled, spans dropped at export (no encoding)",
     "trace100-inprocess": "tracing, 100% sampled, OTLP encoded in this process (before)",
+    "trace10-discard": "tracing, 10% sampled at the head, the export child discards them",
+    "trace100-discard": "tracing, 100% sampled, the export child discards them",
 }
 # Any mode with this suffix: gc.freeze() once set up, before the first delivery (the A/B
 # of the consumer's own freeze, service/worker/process.py).
@@ -132,7 +134,7 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY
 
-    from service.adapters.telemetry import ConsumerTracing, propagation
+    from service.adapters.telemetry import ConsumerTracing, add_processor, propagation, recorder_of
     from service.adapters.telemetry.metrics import Metrics
     from service.settings import Settings
     from service.worker.acks import AckAlone
@@ -169,15 +171,16 @@ async def _run(  # noqa: C901 (one mode's set-up, then one loop)
         from service.adapters.telemetry.span_export import ProcessSpanProcessor
 
         if mode.endswith("noexport"):
-            provider.add_span_processor(BatchSpanProcessor(Dropping()))
+            add_processor(provider, BatchSpanProcessor(Dropping()))
         elif mode.endswith("inprocess"):
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+            add_processor(provider, BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         else:  # what ships: a child process encodes and sends
             env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": str(endpoint)}
-            provider.add_span_processor(ProcessSpanProcessor(Resource.create({}), env))
+            discard = ["sh", "-c", "exec cat >/dev/null"] if mode.endswith("discard") else None
+            add_processor(provider, ProcessSpanProcessor(Resource.create({}), env, command=discard))
         trace.set_tracer_provider(provider)
         propagation.install()
-        tracing = ConsumerTracing(provider.get_tracer("service.consume"), follows_head=True)
+        tracing = ConsumerTracing(recorder_of(provider, "service.consume"), follows_head=True)
     registry = None
     meters = None
     if mode in ("metrics-sdk", "metrics", "production"):

@@ -162,9 +162,10 @@ class _Robust:
 
 async def _publish() -> None:
     from service.adapters.amqp.page_publisher import Command, PagePublisher
-    from service.adapters.telemetry import tracer_for
+    from service.adapters.telemetry import recorder_for
 
-    publisher = PagePublisher(_Robust(), "expirations", "expire", tracer_for("service.produce"))  # type: ignore[arg-type]
+    # As the scan makes it (at 951240a, with ``tracer_for`` in place of ``recorder_for``).
+    publisher = PagePublisher(_Robust(), "expirations", "expire", recorder_for("service.produce"))  # type: ignore[arg-type]
     commands = [
         Command(b"{}", "scan-root"),
         Command(b"{}", "scan-continued", HEAD_SAMPLED),

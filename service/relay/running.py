@@ -24,7 +24,7 @@ from service.adapters.amqp.declaring import check_topology
 from service.adapters.amqp.page_publisher import PagePublisher
 from service.adapters.http.server import serving
 from service.adapters.postgres.schema import require_current_schema
-from service.adapters.telemetry import tracer_for
+from service.adapters.telemetry import recorder_for
 from service.adapters.telemetry.relay_metrics import RelayMetrics
 from service.core.events import EVENT
 from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, events_topology
@@ -65,7 +65,7 @@ async def run(
             channel,
             EVENTS_EXCHANGE,
             EVENT_ROUTING_KEY,
-            tracer_for("service.relay"),
+            recorder_for("service.relay"),
             message_type=EVENT,
             continued_only=True,
             mandatory=settings.events_unroutable == "keep",

@@ -34,7 +34,7 @@ from service.adapters.amqp.declaring import check_topology
 from service.adapters.amqp.page_publisher import Command, PagePublisher
 from service.adapters.classify import classify
 from service.adapters.postgres.leases import PassResult, record_pass
-from service.adapters.telemetry import tracer_for
+from service.adapters.telemetry import recorder_for
 from service.adapters.telemetry.gauges import read_gauges
 from service.adapters.telemetry.readings import Gauges
 from service.core.domain import command_body, message_id
@@ -209,7 +209,9 @@ class Links:
             broker = await _connect_broker(settings, stop, opened)
             prepared = _prepare(settings, broker, opened, check=check)
             conn, channel = await _unless_stopped(stop, prepared)
-            publisher = PagePublisher(channel, EXCHANGE, ROUTING_KEY, tracer_for("service.produce"))
+            publisher = PagePublisher(
+                channel, EXCHANGE, ROUTING_KEY, recorder_for("service.produce")
+            )
             self._open = _Open(broker, channel, publisher, conn, opened.pop_all())
         return conn, publisher
 

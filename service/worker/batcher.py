@@ -17,19 +17,18 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from uuid import UUID
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from service.adapters.telemetry.recording import RecordedSpan
 from service.core.domain import BatchRow, Expiry, duplicate_outcome, outcome_of
 from service.core.errors import ServiceError, UnknownReservation
 from service.worker.ports import Store
 
 log = logging.getLogger("service.consume")
-tracer = trace.get_tracer("service.consume")
 
 
 class BatchFallback(ServiceError):
@@ -62,8 +61,7 @@ class Item:
     message_id: str
     attempt: int
     on_result: Callable[[Result], None]
-    span_context: trace.SpanContext = trace.INVALID_SPAN_CONTEXT
-    context: otel_context.Context = field(default_factory=otel_context.get_current)
+    span: trace.Span = trace.INVALID_SPAN  # its delivery's: a RecordedSpan when sampled
     traceparent: str | None = None  # recorded with its expiry (``Delivery.traceparent``)
     given: bool = False
 
@@ -76,11 +74,6 @@ class Item:
             self.on_result(result)
         except Exception:  # one delivery's report must not keep the others from theirs
             log.exception("expiry.report_failed", extra={"message_id": self.message_id})
-
-
-def _kept(span_context: trace.SpanContext) -> bool:
-    """A span that is exported (a valid context, sampled)."""
-    return span_context.is_valid and span_context.trace_flags.sampled
 
 
 def settle_items(items: list[Item], rows: dict[UUID, BatchRow]) -> None:
@@ -220,19 +213,16 @@ def _batch_span(batch: list[Item]) -> Iterator[None]:
     first such delivery's span, linked to the others' (a link to a span that is not
     kept leads nowhere). Else none. Either way no instrumented query under it makes a
     span: a batch of unsampled deliveries does no tracing work."""
-    kept = [item for item in batch if _kept(item.span_context)]
+    kept = [item.span for item in batch if isinstance(item.span, RecordedSpan)]
     if not kept:
         with suppress_instrumentation():
             yield
         return
-    with (
-        tracer.start_as_current_span(
-            "expire reservations",
-            context=kept[0].context,
-            kind=trace.SpanKind.CLIENT,
-            links=[trace.Link(item.span_context) for item in kept[1:]] or None,
-            attributes={**BATCH_SPAN_ATTRIBUTES, "expiry.batch_size": len(batch)},
-        ),
-        suppress_instrumentation(),
-    ):
+    span = kept[0].child(
+        "expire reservations",
+        trace.SpanKind.CLIENT,
+        {**BATCH_SPAN_ATTRIBUTES, "expiry.batch_size": len(batch)},
+        kept[1:],
+    )
+    with trace.use_span(span, end_on_exit=True), suppress_instrumentation():
         yield

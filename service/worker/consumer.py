@@ -27,8 +27,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from service.adapters.amqp.consuming import AmqpMessage
 from service.adapters.telemetry import ConsumerTracing
 from service.core.domain import Expiry, parse_command
@@ -96,8 +94,7 @@ class Consumer:
                 delivery.attempt.message_id,
                 delivery.attempt.number,
                 functools.partial(self._decided, delivery),
-                delivery.span.get_span_context(),
-                delivery.trace_context or otel_context.Context(),
+                delivery.span,
                 traceparent=delivery.traceparent(),
             )
         )

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from service.adapters.amqp.consuming import AmqpMessage
 from service.adapters.telemetry import ConsumerTracing, propagation
+from service.adapters.telemetry.recording import RecordedSpan
 from service.core.dead_letter import ATTEMPT_HEADER, FIRST_SEEN_HEADER, REPLAY_OF_HEADER
 from service.core.errors import ServiceError
 from service.core.inputs import (
@@ -135,7 +136,8 @@ class Delivery:
     attempt: Attempt
     started: float
     span: trace.Span = trace.INVALID_SPAN
-    trace_context: otel_context.Context | None = None  # traced: its span's context
+    traced: trace.Span | None = None  # traced: its span as started (sampled or not)
+    parent: otel_context.Context | None = None  # traced: the context its headers carry, once read
     context: contextvars.Context | None = None  # what its own task runs in, once made
     unsampled: bool = False  # the head decided: not sampled
     head_traceparent: str | None = None  # unsampled: its traceparent, read at its arrival
@@ -154,33 +156,45 @@ class Delivery:
             if delivery.head_traceparent is not None:
                 delivery.unsampled = True
                 return delivery
-        parent = propagate.extract(headers)  # untrusted: see propagation.py
+        try:  # untrusted: see propagation.py
+            parent = propagation.remote_parent(headers)  # None: the current context's
+        except propagation.OtherPropagators:
+            delivery.parent = propagate.extract(headers)
+            parent = None
         link = propagation.link_of(headers, REPLAY_OF_HEADER)
-        span = tracing.tracer.start_span(
+        delivery.traced = span = tracing.recorder.start(
             f"{message.exchange or QUEUE} process",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=arrival_attributes(message, delivery.attempt),
+            SpanKind.CONSUMER,
+            arrival_attributes(message, delivery.attempt),
+            context=delivery.parent,
+            parent=parent,
             links=None if link is None else [link],
         )
-        # Not sampled here too: what its own task does follows its decision.
-        delivery.trace_context = trace.set_span_in_context(span, parent)
         if span.is_recording():
             delivery.span = span
         return delivery
 
-    def task_context(self) -> contextvars.Context | None:
-        """The context a task of its own runs in (``None``: the caller's), made once.
+    def trace_context(self) -> otel_context.Context | None:
+        """The trace context of its handling: its span's (sampled or not, what its own
+        task does follows its decision); unsampled at the head, the remote context read
+        now (a retry's copy then carries the decision on, and no span under it is
+        sampled anew); untraced, None."""
+        if self.traced is not None:
+            if self.parent is None:  # its baggage, say, for what its task publishes
+                self.parent = propagate.extract(self.message.headers or {})
+            return trace.set_span_in_context(self.traced, self.parent)
+        if self.unsampled:
+            return propagate.extract(self.message.headers or {})
+        return None
 
-        Traced, its span's. Unsampled at the head, the remote context read now (a
-        retry's copy then carries the decision on, and no span under it is sampled
-        anew); the hot path never gets here, only a failure, a suspect or poison.
-        """
-        if self.context is None and self.unsampled and self.trace_context is None:
-            self.trace_context = propagate.extract(self.message.headers or {})
-        if self.context is None and self.trace_context is not None:
-            self.context = contextvars.copy_context()
-            self.context.run(otel_context.attach, self.trace_context)
+    def task_context(self) -> contextvars.Context | None:
+        """The context a task of its own runs in (``None``: the caller's), made once; the
+        hot path never gets here, only a failure, a suspect or poison."""
+        if self.context is None:
+            found = self.trace_context()
+            if found is not None:
+                self.context = contextvars.copy_context()
+                self.context.run(otel_context.attach, found)
         return self.context
 
     def traceparent(self) -> str | None:
@@ -189,9 +203,8 @@ class Delivery:
         else the command's own ``traceparent`` when it is a well-formed W3C one (for an
         unsampled delivery, the one read at its arrival: nothing more is done for it);
         else None."""
-        context = self.span.get_span_context()
-        if context.trace_flags.sampled and context.is_valid:
-            return propagation.traceparent_from(context)
+        if isinstance(self.span, RecordedSpan):
+            return self.span.traceparent
         if self.head_traceparent is not None:
             return self.head_traceparent
         return propagation.traceparent_of(self.message.headers)

@@ -22,8 +22,9 @@ from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.adapters.telemetry import ConsumerTracing, propagation
+from service.adapters.telemetry import ConsumerTracing, add_processor, propagation, recorder_of
 from service.adapters.telemetry.metrics import Metrics
+from service.adapters.telemetry.recording import RecordedSpan
 from service.core import retry as retry_module
 from service.core.domain import BatchRow, Expiry, Outcome, command_body
 from service.core.errors import PublishNotConfirmed, RowLocked
@@ -377,11 +378,16 @@ async def test_a_traced_delivery_is_one_span_from_arrival_to_ack(world: World) -
     await world.deliver()
     assert message.settled == ["ack"]
     assert world.store.calls == ["batch of 1"]
-    [span] = exporter.get_finished_spans()
+    [batch, span] = exporter.get_finished_spans()  # its batch's ends first
     assert (span.name, span.kind) == ("expirations process", trace.SpanKind.CONSUMER)
+    assert batch.parent == span.context
     attributes = dict(span.attributes or {})
     assert attributes["expiry.outcome"] == "expired"
     assert attributes["expiry.attempt"] == 1
+
+
+def _consumer_spans(exporter: InMemorySpanExporter) -> list[sdk_trace.ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
 
 
 def _traced(
@@ -391,8 +397,8 @@ def _traced(
     follows_head: bool = True,
 ) -> ConsumerTracing:
     provider = TracerProvider(sampler=sampler)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return ConsumerTracing(provider.get_tracer("test"), follows_head=follows_head)
+    add_processor(provider, SimpleSpanProcessor(exporter))
+    return ConsumerTracing(recorder_of(provider, "test"), follows_head=follows_head)
 
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -403,7 +409,7 @@ UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
 def spans_made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Every span object made from now on, recording or not, SDK or API."""
     made: list[object] = []
-    for kind in (sdk_trace.Span, trace.NonRecordingSpan):
+    for kind in (sdk_trace.Span, trace.NonRecordingSpan, RecordedSpan):
         original = kind.__init__
 
         def counting(self: object, *args: Any, __original: Any = original, **kwargs: Any) -> None:
@@ -436,7 +442,7 @@ async def test_a_sampled_head_is_one_consumer_span_in_its_trace(world: World) ->
     world.consumer.tracing = _traced(exporter)
     propagation.install()
     await world.deliver(command(world.store, headers={"traceparent": SAMPLED}))
-    [span] = exporter.get_finished_spans()
+    [span] = _consumer_spans(exporter)
     assert span.context is not None
     assert span.parent is not None
     assert f"{span.context.trace_id:032x}" == SAMPLED.split("-")[1]
@@ -469,7 +475,7 @@ async def test_without_a_head_decision_the_consumer_sampler_decides(
     message = command(world.store, headers=headers)
     await world.deliver(message)
     assert message.settled == ["ack"]
-    assert len(exporter.get_finished_spans()) == spans
+    assert len(_consumer_spans(exporter)) == spans
 
 
 async def test_a_traced_job_carries_the_messaging_conventions_and_no_invented_ones(

@@ -54,6 +54,7 @@ from service.adapters.amqp import internals
 from service.adapters.amqp.connection import CHANNEL_ERRORS, not_confirmed_reason
 from service.adapters.amqp.messages import APP_ID, COMMAND_TYPE, CONTENT_TYPE
 from service.adapters.telemetry.propagation import context_of
+from service.adapters.telemetry.recording import Recorder
 
 FRAME_END = b"\xce"
 HEADER_FRAME, BODY_FRAME = 2, 3
@@ -186,7 +187,7 @@ class PagePublisher:
     channel: AbstractChannel
     exchange: str
     routing_key: str
-    tracer: trace.Tracer | None = None
+    recorder: Recorder | None = None  # None: no spans
     message_type: str = COMMAND_TYPE
     continued_only: bool = False
     # Mandatory: a message no queue takes is returned (and so not confirmed). Without, the
@@ -223,7 +224,7 @@ class PagePublisher:
     ) -> tuple[list[trace.Span | None], list[dict[str, Any] | None]]:
         """A producer span per message (none when not tracing, nor, ``continued_only``, for
         a message of no trace) and the headers that carry its context."""
-        if self.tracer is None:
+        if self.recorder is None:
             return [], [None] * len(commands)
         spans: list[trace.Span | None] = []
         headers: list[dict[str, Any] | None] = []
@@ -233,7 +234,7 @@ class PagePublisher:
                 spans.append(None)
                 headers.append(None)
                 continue
-            span = _producer_span(self.tracer, self.exchange, self.routing_key, command, parent)
+            span = _producer_span(self.recorder, self.exchange, self.routing_key, command, parent)
             carrier: dict[str, Any] = {}
             propagate.inject(carrier, context=trace.set_span_in_context(span))
             spans.append(span)
@@ -345,7 +346,7 @@ def _forget(channel: object, commands: Sequence[Command]) -> None:
 
 
 def _producer_span(
-    tracer: trace.Tracer,
+    recorder: Recorder,
     exchange: str,
     routing_key: str,
     command: Command,
@@ -353,11 +354,10 @@ def _producer_span(
 ) -> trace.Span:
     """The producer span of one message, a child of ``parent`` (else of the current
     context), with the messaging attributes."""
-    return tracer.start_span(
+    return recorder.start(
         f"{exchange} publish",
-        context=parent,
-        kind=SpanKind.PRODUCER,
-        attributes={
+        SpanKind.PRODUCER,
+        {
             "messaging.system": "rabbitmq",
             "messaging.operation.type": "send",
             "messaging.operation.name": "publish",
@@ -365,6 +365,7 @@ def _producer_span(
             "messaging.rabbitmq.destination.routing_key": routing_key,
             "messaging.message.id": command.message_id,
         },
+        context=parent,
     )
 
 

@@ -25,6 +25,7 @@ from opentelemetry.propagators.textmap import (
     default_getter,
     default_setter,
 )
+from opentelemetry.trace import TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 _W3C = TraceContextTextMapPropagator()
 
 MAX_VALUE_LENGTH = 4096
+MAX_TRACESTATE_LENGTH = 512  # the W3C limit, which the standard propagator applies
+# What the standard's default propagators (tracecontext, baggage) read: of these, only
+# the first two say anything of a span's parent.
+W3C_FIELDS = frozenset({"traceparent", "tracestate", "baggage"})
 
 # A W3C ``traceparent`` as the standard propagator reads it (version 00, or a later one
 # with more fields): its groups are the version, the flags (bit 0: sampled), the rest.
@@ -63,6 +68,8 @@ class SafePropagator(TextMapPropagator):
         self._fields = set(inner.fields)
         # The W3C trace context is among what it reads (``unsampled`` may look at it).
         self.reads_traceparent = "traceparent" in self._fields
+        # ... and, for a span's parent, nothing else (``remote_parent`` may read it).
+        self.reads_only_w3c = self.reads_traceparent and self._fields <= W3C_FIELDS
 
     def extract(
         self,
@@ -158,6 +165,34 @@ def unsampled_traceparent(carrier: object) -> str | None:
     if found is None or int(found[2], 16) & 1:
         return None
     return found.group(0).strip(" \t")
+
+
+class OtherPropagators(Exception):
+    """The installed propagators read more than the W3C trace context: ask them."""
+
+
+def remote_parent(carrier: object) -> trace.SpanContext | None:
+    """The remote span the carrier's W3C ``traceparent`` (and ``tracestate``) names, as the
+    standard propagator reads it, without building a context (None: no well-formed one,
+    the span is a root). Raises ``OtherPropagators`` when the installed propagators read
+    more than the W3C trace context (then ``propagate.extract`` is the way)."""
+    textmap = propagate.get_global_textmap()
+    if not isinstance(textmap, SafePropagator) or not textmap.reads_only_w3c:
+        raise OtherPropagators
+    found = _read(carrier, "traceparent")
+    if found is None:
+        return None
+    value = found.group(0).strip(" \t")
+    state = text_values(carrier, {"tracestate"}).get("tracestate")
+    if state is not None and len(state) > MAX_TRACESTATE_LENGTH:
+        state = None  # as the standard propagator: too long, none
+    return trace.SpanContext(
+        int(value[3:35], 16),
+        int(value[36:52], 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(int(found[2], 16)),
+        trace_state=TraceState() if state is None else TraceState.from_header([state]),
+    )
 
 
 def traceparent_from(span_context: trace.SpanContext) -> str:

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits
 
 from service.adapters.telemetry.span_wire import READY, read_frame, span_from_fields
 
@@ -41,10 +42,11 @@ def main() -> None:
         return
     resource = Resource(first["resource"], first["schema_url"])
     exporter = OTLPSpanExporter()
+    limits = SpanLimits()  # the OTEL_SPAN_* and OTEL_ATTRIBUTE_* limits it was given
     _say_ready()
     try:
         while (batch := read_frame(stream)) is not None:
-            exporter.export([span_from_fields(fields, resource) for fields in batch])
+            exporter.export([span_from_fields(fields, resource, limits) for fields in batch])
     finally:
         exporter.shutdown()  # type: ignore[no-untyped-call]
 

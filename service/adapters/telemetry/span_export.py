@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -164,7 +164,7 @@ class ProcessSpanProcessor(SpanProcessor):
         self._out = FramePipe(self._pipe.fileno(), max_pending_bytes)
         self._batch = batch
         self._lock = threading.Lock()
-        self._spans: list[ReadableSpan] = []
+        self._spans: list[tuple[Any, ...]] = []  # span_wire's fields, of each span
         self._closed = False
         self._out.put(
             frame({"resource": dict(resource.attributes), "schema_url": resource.schema_url}), 0
@@ -207,11 +207,16 @@ class ProcessSpanProcessor(SpanProcessor):
         context = span.context
         if context is None or not context.trace_flags.sampled:
             return
+        self.record(span_fields(span))
+
+    def record(self, fields: tuple[Any, ...]) -> None:
+        """Take a sampled span as ``span_wire``'s fields (a ``RecordedSpan``'s end hands
+        them here: the SDK's span is built in the child)."""
         with self._lock:
             if self._closed or self._out.broken:
                 self._out.dropped += 1
                 return
-            self._spans.append(span)
+            self._spans.append(fields)
             if len(self._spans) >= self._batch:
                 self._ship()
 
@@ -225,7 +230,7 @@ class ProcessSpanProcessor(SpanProcessor):
         """Turn the gathered spans into a frame and write what the pipe takes (locked)."""
         spans, self._spans = self._spans, []
         if spans:
-            self._out.put(frame([span_fields(span) for span in spans]), len(spans))
+            self._out.put(frame(spans), len(spans))
         self._out.drain()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
@@ -106,10 +107,35 @@ def _span_context(fields: Ids) -> trace.SpanContext:
     )
 
 
-def span_from_fields(fields: Sequence[Any], resource: Resource) -> ReadableSpan:
-    """The span ``span_fields`` gave, rebuilt."""
+def _bounded(
+    attributes: dict[str, Any], count: int | None, length: int | None
+) -> Mapping[str, Any]:
+    """The attributes within the span limits, as the SDK's span bounds its own (nothing to
+    do, the usual case, when they are few and no value length is limited)."""
+    if length is None and (count is None or len(attributes) <= count):
+        return attributes
+    return BoundedAttributes(count, attributes, immutable=True, max_value_len=length)
+
+
+def span_from_fields(
+    fields: Sequence[Any], resource: Resource, limits: SpanLimits | None = None
+) -> ReadableSpan:
+    """The span ``span_fields`` (or a ``RecordedSpan``'s end) gave, built; within
+    ``limits`` (the SDK's ``OTEL_SPAN_*`` and ``OTEL_ATTRIBUTE_*`` limits) when given."""
     name, context, parent, attributes, events, links, kind, status, start, end, scope = fields
     code, description = status
+    if limits is not None:
+        attributes = _bounded(
+            attributes, limits.max_span_attributes, limits.max_span_attribute_length
+        )
+        if limits.max_events is not None:  # the SDK keeps the latest
+            events = events[-limits.max_events :] if limits.max_events else []
+        events = [
+            (n, _bounded(a, limits.max_event_attributes, limits.max_attribute_length), t)
+            for n, a, t in events
+        ]
+        if limits.max_links is not None:
+            links = links[-limits.max_links :] if limits.max_links else []
     return ReadableSpan(
         name=name,
         context=None if context is None else _span_context(context),

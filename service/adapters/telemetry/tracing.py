@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider, sampling
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SimpleSpanProcessor,
@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from service.adapters.telemetry import propagation
+from service.adapters.telemetry.recording import Recorder, Sink, sink_for
 from service.adapters.telemetry.span_export import READY_SECONDS, otlp_processor
 from service.settings import Settings
 
@@ -65,33 +66,58 @@ def sampler_for(settings: Settings) -> sampling.Sampler:
 
 
 def tracer_for(name: str) -> trace.Tracer | None:
-    """The tracer ``name``, or ``None`` when no tracing is installed (the hot paths then
-    start no span at all: the consumer's per delivery, the scan's per command)."""
+    """The SDK's tracer ``name``, or ``None`` when no tracing is installed (for spans that
+    are not a job's own: the hot paths record theirs, ``recorder_for``)."""
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None
     return trace.get_tracer(name)
 
 
+_SINKS: dict[int, tuple[TracerProvider, Sink]] = {}  # by provider: where recorded spans go
+
+
+def add_processor(provider: TracerProvider, processor: SpanProcessor) -> None:
+    """Add ``processor`` to ``provider``; recorded spans (``recording``) go to it too."""
+    provider.add_span_processor(processor)
+    _SINKS[id(provider)] = (provider, sink_for(processor, provider.resource))
+
+
+def recorder_of(provider: TracerProvider, name: str) -> Recorder:
+    """Scope ``name``'s recorder of spans, for ``provider`` (one ``add_processor`` made)."""
+    return Recorder(provider, name, _SINKS[id(provider)][1])
+
+
+def recorder_for(name: str) -> Recorder | None:
+    """Scope ``name``'s recorder for the installed provider, or ``None`` when no tracing
+    is installed (the hot paths then start no span at all: the consumer's per delivery,
+    the scan's and the relay's per message)."""
+    provider = trace.get_tracer_provider()
+    found = _SINKS.get(id(provider))
+    if found is None or found[0] is not provider:
+        return None
+    return Recorder(provider, name, found[1])
+
+
 @dataclass(frozen=True)
 class ConsumerTracing:
-    """The consumer's tracer, and whether the head's sampling decision binds it.
+    """The consumer's recorder of spans, and whether the head's sampling decision binds it.
 
     With a parent-based sampler (the standard's default) a command whose
     ``traceparent`` says "not sampled" gets no span, and the consumer learns that from
     the header alone (``propagation.unsampled``), before any tracing work.
     """
 
-    tracer: trace.Tracer
+    recorder: Recorder
     follows_head: bool
 
 
 def consumer_tracing(settings: Settings) -> ConsumerTracing | None:
     """The consumer's tracing (``None`` when no tracing is installed)."""
-    tracer = tracer_for("service.consume")
-    if tracer is None:
+    recorder = recorder_for("service.consume")
+    if recorder is None:
         return None
     name = settings.otel_traces_sampler or DEFAULT_SAMPLER
-    return ConsumerTracing(tracer, follows_head=name.startswith("parentbased_"))
+    return ConsumerTracing(recorder, follows_head=name.startswith("parentbased_"))
 
 
 def setup_tracing(
@@ -115,12 +141,12 @@ def setup_tracing(
     resource = resource_for(role, settings.worker_id)
     provider = TracerProvider(resource=resource, sampler=sampler_for(settings))
     if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        add_processor(provider, SimpleSpanProcessor(exporter))
     elif name == "console":
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+        add_processor(provider, SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     else:  # OTLP, encoded and sent by a process of its own (span_export.py)
         ready_seconds = READY_SECONDS if export_ready else None
-        provider.add_span_processor(otlp_processor(resource, ready_seconds=ready_seconds))
+        add_processor(provider, otlp_processor(resource, ready_seconds=ready_seconds))
     trace.set_tracer_provider(provider)
     # Trace context is read from delivery headers anyone can forge (see propagation.py).
     propagation.install()
