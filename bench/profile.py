@@ -27,21 +27,24 @@ from bench import observe
 # (what it is, the frames that make it: "Function (file" prefixes), first match wins.
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
-        "SDK: start a span (sampler, ids, attributes cleaned)",
-        ("Tracer.start_span (",),
+        "start a span (the SDK's, or recorded: sampler, ids, attributes)",
+        ("Tracer.start_span (", "Recorder.start (", "RecordedSpan.child ("),
     ),
     (
-        "SDK: span ends, hand-off to the export child",
-        ("ProcessSpanProcessor.on_end (",),
+        "span ends, hand-off to the export child",
+        ("ProcessSpanProcessor.on_end (", "ProcessSpanProcessor.record (", "RecordedSpan.end ("),
     ),
     ("SDK: end a span (without the hand-off)", ("Span.end (",)),
-    ("SDK: set an attribute after the start", ("Span.set_attribute (",)),
     (
-        "read the trace context (traceparent, replay link)",
-        ("extract (propagate/", "unsampled (", "link_of ("),
+        "set an attribute after the start",
+        ("Span.set_attribute (", "RecordedSpan.set_attribute ("),
     ),
     (
-        "SDK: context of the span (set, attach, detach)",
+        "read the trace context (traceparent, replay link)",
+        ("extract (propagate/", "unsampled_traceparent (", "remote_parent (", "link_of ("),
+    ),
+    (
+        "context of the span (set, attach, detach)",
         ("set_span_in_context (", "attach (", "detach ("),
     ),
     ("batch span (one per batch, links to its jobs)", ("_batch_span (",)),

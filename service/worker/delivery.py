@@ -181,11 +181,16 @@ class Delivery:
         sampled anew); untraced, None."""
         if self.traced is not None:
             if self.parent is None:  # its baggage, say, for what its task publishes
-                self.parent = propagate.extract(self.message.headers or {})
+                self.parent = self._remote_context()
             return trace.set_span_in_context(self.traced, self.parent)
         if self.unsampled:
-            return propagate.extract(self.message.headers or {})
+            return self._remote_context()
         return None
+
+    def _remote_context(self) -> otel_context.Context:
+        """The context its headers carry, on an empty one: never the caller's (a batch's,
+        say, whose suppression of the libraries' spans its task must not inherit)."""
+        return propagate.extract(self.message.headers or {}, context=otel_context.Context())
 
     def task_context(self) -> contextvars.Context | None:
         """The context a task of its own runs in (``None``: the caller's), made once; the

@@ -44,7 +44,7 @@ def test_samples_are_split_by_part_and_only_the_loop_counts(tmp_path: Path) -> N
         part = profile.part_of(frames)
         counted[part] = counted.get(part, 0) + count
     assert counted == {
-        "SDK: start a span (sampler, ids, attributes cleaned)": 7,
-        "SDK: span ends, hand-off to the export child": 5,
+        "start a span (the SDK's, or recorded: sampler, ids, attributes)": 7,
+        "span ends, hand-off to the export child": 5,
         profile.OTHER: 11,
     }

@@ -17,6 +17,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -138,11 +139,13 @@ class FakePublisher:
     refuse: bool = False
     retries: list[aio_pika.Message] = field(default_factory=list)
     dead: list[aio_pika.Message] = field(default_factory=list)
+    instrumented: list[bool] = field(default_factory=list)  # each retry: libraries' spans on
 
     async def retry(self, message: aio_pika.Message, delay_ms: int) -> None:
         if self.refuse:
             raise PublishNotConfirmed("refused")
         self.retries.append(message)
+        self.instrumented.append(is_instrumentation_enabled())
 
     async def dead_letter(self, message: aio_pika.Message) -> None:
         if self.refuse:
@@ -518,12 +521,16 @@ async def test_a_retried_or_dead_lettered_job_ends_its_span_in_error(
     if deliver == "transient":
         world.store.fail_batches = True
         world.store.fail_alone = OSError("password=hunter2 host=db")
-        message = command(world.store)
+        message = command(world.store, headers={"traceparent": SAMPLED})
     else:
         message = FakeMessage(b'{"reservation_id": "customer-name-here"}')
     world.consumer.tracing = _traced(exporter)
+    propagation.install()
     await world.deliver(message)
     [span] = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.CONSUMER]
+    # its retry copy is published where the libraries' spans are on (not in its batch's
+    # suppression of them): the copy's publish span carries the trace on
+    assert world.publisher.instrumented == ([True] if deliver == "transient" else [])
     attributes = dict(span.attributes or {})
     assert span.status.status_code is trace.StatusCode.ERROR
     assert (attributes["error.type"], attributes["expiry.outcome"]) == (error_type, outcome)

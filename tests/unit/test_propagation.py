@@ -69,10 +69,35 @@ def test_a_stored_traceparent_gives_the_context_the_standard_reads(value: str) -
     """An event's stored ``traceparent`` is the parent of its publish exactly when the
     standard propagator reads it as a valid context, and then the same one."""
     standard = _span_context(propagate.extract({"traceparent": value}))
-    context = propagation.context_of(value)
-    assert (_span_context(context) if context else trace.INVALID_SPAN_CONTEXT) == standard
+    assert (propagation.parent_of(value) or trace.INVALID_SPAN_CONTEXT) == standard
 
 
 def test_no_stored_traceparent_gives_no_context() -> None:
     """An event of no trace (an older writer's, an untraced job's) starts no span."""
-    assert propagation.context_of(None) is None
+    assert propagation.parent_of(None) is None
+
+
+@given(value=traceparents, state=st.sampled_from(["", "a=1", "a=1,b=2", "x" * 600, "=bad"]))
+@example(value="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", state="a=1")
+def test_a_delivery_s_parent_is_the_one_the_standard_reads(value: str, state: str) -> None:
+    """A consumer span's parent, read from the match the head's flag was read with, is
+    the span context the standard propagator extracts, trace state included."""
+    propagation.install()
+    carrier: dict[str, Any] = {"traceparent": value, "tracestate": state}
+    standard = _span_context(propagate.extract(carrier))
+    assert (propagation.remote_parent(carrier) or trace.INVALID_SPAN_CONTEXT) == standard
+
+
+def test_a_span_s_headers_are_those_the_standard_injects() -> None:
+    """The publish's headers, written without a context: what ``propagate.inject``
+    writes, trace state included; an invalid span writes none."""
+    propagation.install()
+    state = trace.TraceState([("a", "1"), ("b", "2")])
+    for flags in (0, 1):
+        span = trace.NonRecordingSpan(
+            trace.SpanContext(0xABC, 0xDEF, False, trace.TraceFlags(flags), state)
+        )
+        standard: dict[str, Any] = {}
+        propagate.inject(standard, context=trace.set_span_in_context(span))
+        assert propagation.carrier_for(span) == standard
+    assert propagation.carrier_for(trace.INVALID_SPAN) == {}

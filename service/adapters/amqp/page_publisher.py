@@ -43,8 +43,7 @@ import aiormq
 import aiormq.abc
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel
-from opentelemetry import propagate, trace
-from opentelemetry.context import Context
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
@@ -53,7 +52,7 @@ from pamqp.header import ContentHeader
 from service.adapters.amqp import internals
 from service.adapters.amqp.connection import CHANNEL_ERRORS, not_confirmed_reason
 from service.adapters.amqp.messages import APP_ID, COMMAND_TYPE, CONTENT_TYPE
-from service.adapters.telemetry.propagation import context_of
+from service.adapters.telemetry.propagation import carrier_for, parent_of
 from service.adapters.telemetry.recording import Recorder
 
 FRAME_END = b"\xce"
@@ -229,16 +228,14 @@ class PagePublisher:
         spans: list[trace.Span | None] = []
         headers: list[dict[str, Any] | None] = []
         for command in commands:
-            parent = context_of(command.traceparent)
+            parent = parent_of(command.traceparent)
             if parent is None and self.continued_only:
                 spans.append(None)
                 headers.append(None)
                 continue
             span = _producer_span(self.recorder, self.exchange, self.routing_key, command, parent)
-            carrier: dict[str, Any] = {}
-            propagate.inject(carrier, context=trace.set_span_in_context(span))
             spans.append(span)
-            headers.append(carrier or None)
+            headers.append(carrier_for(span) or None)
         return spans, headers
 
 
@@ -350,7 +347,7 @@ def _producer_span(
     exchange: str,
     routing_key: str,
     command: Command,
-    parent: Context | None,
+    parent: trace.SpanContext | None,
 ) -> trace.Span:
     """The producer span of one message, a child of ``parent`` (else of the current
     context), with the messaging attributes."""
@@ -365,7 +362,7 @@ def _producer_span(
             "messaging.rabbitmq.destination.routing_key": routing_key,
             "messaging.message.id": command.message_id,
         },
-        context=parent,
+        parent=parent,
     )
 
 

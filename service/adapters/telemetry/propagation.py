@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import (
     CarrierT,
     Getter,
@@ -131,16 +131,13 @@ def link_of(carrier: object, name: str) -> trace.Link | None:
     return trace.Link(span_context) if span_context.is_valid else None
 
 
-def context_of(traceparent: str | None) -> otel_context.Context | None:
-    """The context of a stored W3C ``traceparent`` (the trace an event's expiry ran in),
-    to start a child span in; None when there is none or it is not well formed."""
+def parent_of(traceparent: str | None) -> trace.SpanContext | None:
+    """The remote span a stored W3C ``traceparent`` names (the trace an event's expiry
+    ran in), to start a child span of; None when there is none or it is not well formed."""
     if traceparent is None:
         return None
-    value = traceparent_of({"traceparent": traceparent})
-    if value is None:
-        return None
-    context = _W3C.extract({"traceparent": value})
-    return context if trace.get_current_span(context).get_span_context().is_valid else None
+    found = _read({"traceparent": traceparent}, "traceparent")
+    return None if found is None else _span_context(found, None)
 
 
 def unsampled(carrier: object) -> bool:
@@ -182,10 +179,16 @@ def remote_parent(carrier: object) -> trace.SpanContext | None:
     found = _read(carrier, "traceparent")
     if found is None:
         return None
-    value = found.group(0).strip(" \t")
     state = text_values(carrier, {"tracestate"}).get("tracestate")
+    return _span_context(found, state)
+
+
+def _span_context(found: re.Match[str], state: str | None) -> trace.SpanContext:
+    """The remote span context of a ``traceparent`` ``_read`` matched, and its
+    ``tracestate`` (as the standard propagator: one too long counts as none)."""
+    value = found.group(0).strip(" \t")
     if state is not None and len(state) > MAX_TRACESTATE_LENGTH:
-        state = None  # as the standard propagator: too long, none
+        state = None
     return trace.SpanContext(
         int(value[3:35], 16),
         int(value[36:52], 16),
@@ -193,6 +196,23 @@ def remote_parent(carrier: object) -> trace.SpanContext | None:
         trace_flags=trace.TraceFlags(int(found[2], 16)),
         trace_state=TraceState() if state is None else TraceState.from_header([state]),
     )
+
+
+def carrier_for(span: trace.Span) -> dict[str, Any]:
+    """The headers that carry ``span``'s context, as ``propagate.inject`` writes them;
+    with the W3C propagators alone and no baggage, written here without a context."""
+    textmap = propagate.get_global_textmap()
+    if isinstance(textmap, SafePropagator) and textmap.reads_only_w3c and not baggage.get_all():
+        span_context = span.get_span_context()
+        if not span_context.is_valid:
+            return {}
+        carrier: dict[str, Any] = {"traceparent": traceparent_from(span_context)}
+        if span_context.trace_state:
+            carrier["tracestate"] = span_context.trace_state.to_header()
+        return carrier
+    injected: dict[str, Any] = {}
+    propagate.inject(injected, context=trace.set_span_in_context(span))
+    return injected
 
 
 def traceparent_from(span_context: trace.SpanContext) -> str:

@@ -67,7 +67,7 @@ class Recorder:
         self._sampler = provider.sampler
         self._ids: IdGenerator = provider.id_generator
         self._parent_based = _follows_parent(self._sampler)
-        self.scope: Scope = (scope_name, None, None)
+        self.scope: Scope = (scope_name, "", None)  # as the SDK's get_tracer(scope_name)
         self.sink = sink
 
     def start(
