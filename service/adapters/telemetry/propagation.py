@@ -102,10 +102,14 @@ class SafePropagator(TextMapPropagator):
 
 def _read(carrier: object, name: str) -> re.Match[str] | None:
     """The carrier's header ``name`` read as a W3C ``traceparent``, if it is one."""
-    value = carrier.get(name) if isinstance(carrier, Mapping) else None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
+    # (``type() is``: the usual dict of text first, without the ABCs' checks)
+    value = carrier.get(name) if type(carrier) is dict or isinstance(carrier, Mapping) else None
+    if type(value) is not str:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif not isinstance(value, str):
+            return None
+    if len(value) > MAX_VALUE_LENGTH:
         return None
     found = _TRACEPARENT.fullmatch(value)
     if found is None or (found[3] and found[1] == "00"):
