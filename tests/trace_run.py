@@ -176,35 +176,12 @@ async def _publish() -> None:
 
 async def _consume() -> None:
     from service.adapters.telemetry import consumer_tracing
-    from service.adapters.telemetry.metrics import Metrics
     from service.core.domain import command_body
     from service.settings import Settings
-    from service.worker.acks import AckAlone
-    from service.worker.batcher import Batcher
-    from service.worker.consumer import Consumer
-    from service.worker.failpoints import NO_FAILPOINTS
-    from service.worker.failures import Failures
-    from service.worker.inflight import InFlight
-    from service.worker.quarantine import Quarantine
-    from service.worker.reporting import Reporter
-    from tests.unit.test_consumer import FakeMessage, FakePublisher, FakeStore, World
+    from tests.unit.test_consumer import FakeMessage, new_world
 
-    settings = Settings(retry_delays=(1, 5), max_attempts=3)
-    store, publisher, in_flight, acks = FakeStore(), FakePublisher(), InFlight(), AckAlone()
-    reporter = Reporter(Metrics())
-    batcher = Batcher(store, size=10, wait_ms=0, workers=1)
-    consumer = Consumer(
-        batcher=batcher,
-        store=store,
-        quarantine=Quarantine(store, NO_FAILPOINTS),
-        failures=Failures(settings, publisher, acks, reporter),
-        acks=acks,
-        reporter=reporter,
-        failpoints=NO_FAILPOINTS,
-        in_flight=in_flight,
-        tracing=consumer_tracing(settings),
-    )
-    world = World(consumer, store, publisher, in_flight, batcher, reporter)
+    world = new_world(consumer_tracing(Settings()))
+    store, batcher = world.store, world.batcher
 
     def command(n: int, **kwargs: Any) -> FakeMessage:
         rid = uuid.UUID(int=n)

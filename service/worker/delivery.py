@@ -122,14 +122,14 @@ NEXT = {
 class Delivery:
     """One delivery being handled.
 
-    ``span`` is its consumer span when it is traced and sampled (else the invalid span):
-    started when it arrives, as a child of the trace context its headers carry, and
-    ended when its handling ends (acked, or settled otherwise), so that it covers the
-    whole job without anything waiting for it. ``trace_context`` holds it for the
-    batch's span and the delivery's own task. A delivery whose ``traceparent`` says the
-    head of its trace did not sample it (``unsampled``) gets no span, no attributes and
-    no context: no tracing work at all, unless it needs a task of its own (rare: see
-    ``task_context``).
+    ``span`` is its consumer span when it is traced and sampled (a ``RecordedSpan``, else
+    the invalid span): started when it arrives, as a child of the trace context its
+    headers carry, and ended when its handling ends (acked, or settled otherwise), so
+    that it covers the whole job without anything waiting for it; its batch's span is
+    its child. A context holding it is made only for a task of its own
+    (``task_context``). A delivery whose ``traceparent`` says the head of its trace did
+    not sample it (``unsampled``) gets no span, no attributes and no context: no tracing
+    work at all, unless it needs a task of its own (rare).
     """
 
     message: AmqpMessage

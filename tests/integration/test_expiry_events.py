@@ -17,7 +17,7 @@ import pytest
 
 from service import scan
 from service.adapters import postgres
-from service.adapters.telemetry.tracing import tracer_for
+from service.adapters.telemetry.tracing import recorder_for
 from service.core.domain import Outcome, command_body, message_id
 from service.core.events import event_message_id
 from service.worker.delivery import Attempt
@@ -236,7 +236,7 @@ async def test_a_traced_consumer_records_its_span_or_the_commands_trace(
         await publish_each(stack.amqp_url, [_command(rid, deadline, None)])
         await support.eventually(lambda: _expired(stack, 1))
     [event] = (await events_by_reservation(stack.database_url))[rid]
-    if tracer_for("service.consume") is None:
+    if recorder_for("service.consume") is None:
         assert event.traceparent is None
     else:  # another test of this process installed tracing
         assert event.traceparent is not None

@@ -174,8 +174,7 @@ class World:
                 await asyncio.sleep(0.01)
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
+def new_world(tracing: ConsumerTracing | None = None) -> World:
     """The router with a real batcher, reporter and in-flight count over the fakes."""
     settings = Settings(retry_delays=(1, 5), max_attempts=3)
     store, publisher, in_flight, acks = FakeStore(), FakePublisher(), InFlight(), AckAlone()
@@ -190,9 +189,17 @@ async def world() -> AsyncIterator[World]:
         reporter=reporter,
         failpoints=NO_FAILPOINTS,
         in_flight=in_flight,
+        tracing=tracing,
     )
-    yield World(consumer, store, publisher, in_flight, batcher, reporter)
-    await batcher.close()
+    return World(consumer, store, publisher, in_flight, batcher, reporter)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    """``new_world``, its batcher closed after the test."""
+    made = new_world()
+    yield made
+    await made.batcher.close()
 
 
 def command(store: FakeStore, status: str | None = "held", **kwargs: Any) -> FakeMessage:

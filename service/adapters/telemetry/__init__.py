@@ -25,7 +25,6 @@ from service.adapters.telemetry.tracing import (
     resource_for,
     sampler_for,
     setup_tracing,
-    tracer_for,
     traces_exporter_name,
 )
 
@@ -48,6 +47,5 @@ __all__ = [
     "setup_tracing",
     "shutdown",
     "telemetry_for",
-    "tracer_for",
     "traces_exporter_name",
 ]

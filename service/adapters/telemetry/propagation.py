@@ -183,8 +183,10 @@ def remote_parent(carrier: object) -> trace.SpanContext | None:
     found = _read(carrier, "traceparent")
     if found is None:
         return None
-    state = text_values(carrier, {"tracestate"}).get("tracestate")
-    return _span_context(found, state)
+    state = carrier.get("tracestate") if isinstance(carrier, Mapping) else None
+    if isinstance(state, bytes):
+        state = state.decode("utf-8", "replace")
+    return _span_context(found, state if isinstance(state, str) else None)
 
 
 def _span_context(found: re.Match[str], state: str | None) -> trace.SpanContext:
@@ -197,9 +199,13 @@ def _span_context(found: re.Match[str], state: str | None) -> trace.SpanContext:
         int(value[3:35], 16),
         int(value[36:52], 16),
         is_remote=True,
-        trace_flags=trace.TraceFlags(int(found[2], 16)),
-        trace_state=TraceState() if state is None else TraceState.from_header([state]),
+        trace_flags=_SAMPLED if found[2] == "01" else trace.TraceFlags(int(found[2], 16)),
+        trace_state=_NO_STATE if state is None else TraceState.from_header([state]),
     )
+
+
+_SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+_NO_STATE = TraceState()  # immutable
 
 
 def carrier_for(span: trace.Span) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
 from service.adapters.telemetry.span_export import ProcessSpanProcessor
-from service.adapters.telemetry.span_wire import span_from_fields
+from service.adapters.telemetry.span_wire import Ids, ids_of, span_from_fields
 
 Sink = Callable[[tuple[Any, ...]], None]  # takes a finished span's fields (span_wire's)
 Scope = tuple[str, str | None, str | None]
@@ -101,7 +101,7 @@ class Recorder:
                 trace.SpanContext(trace_id, span_id, False, TraceFlags(0), trace_state)
             )
         ids = (trace_id, span_id, int(_SAMPLED), False, tuple(trace_state.items()))
-        parent_ids = _ids_of(parent) if parent.is_valid else None
+        parent_ids = ids_of(parent) if parent.is_valid else None
         own = chosen if chosen is attributes else dict(chosen)
         return RecordedSpan(self, name, kind, ids, parent_ids, own, links)
 
@@ -146,8 +146,8 @@ class RecordedSpan(trace.Span):
         recorder: Recorder,
         name: str,
         kind: SpanKind,
-        ids: tuple[int, int, int, bool, tuple[tuple[str, str], ...]],
-        parent: tuple[int, int, int, bool, tuple[tuple[str, str], ...]] | None,
+        ids: Ids,
+        parent: Ids | None,
         attributes: dict[str, Any],
         links: Sequence[Link] | None,
     ) -> None:
@@ -258,10 +258,7 @@ class RecordedSpan(trace.Span):
                 self._parent,
                 self._attributes,
                 self._events,
-                [
-                    (_ids_of(link.context), dict(link.attributes or {}))
-                    for link in self._links or ()
-                ],
+                [(ids_of(link.context), dict(link.attributes or {})) for link in self._links or ()],
                 self._kind.value,
                 self._status,
                 self._start,
@@ -285,13 +282,3 @@ def _follows_parent(sampler: sampling.Sampler) -> bool:
         return False
     described: str = sampler.get_description()  # type: ignore[no-untyped-call]
     return described.endswith(_PARENT_DEFAULTS)
-
-
-def _ids_of(context: trace.SpanContext) -> tuple[int, int, int, bool, tuple[tuple[str, str], ...]]:
-    return (
-        context.trace_id,
-        context.span_id,
-        int(context.trace_flags),
-        context.is_remote,
-        tuple(context.trace_state.items()),
-    )

@@ -61,7 +61,8 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _context(context: trace.SpanContext) -> Ids:
+def ids_of(context: trace.SpanContext) -> Ids:
+    """A span context as plain values."""
     return (
         context.trace_id,
         context.span_id,
@@ -87,11 +88,11 @@ def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
     status = span.status
     return (
         span.name,
-        None if span.context is None else _context(span.context),
-        None if span.parent is None else _context(span.parent),
+        None if span.context is None else ids_of(span.context),
+        None if span.parent is None else ids_of(span.parent),
         _plain(span.attributes),
         [(event.name, _plain(event.attributes), event.timestamp) for event in span.events],
-        [(_context(link.context), _plain(link.attributes)) for link in span.links],
+        [(ids_of(link.context), _plain(link.attributes)) for link in span.links],
         span.kind.value,
         (status.status_code.value, status.description),
         span.start_time,

@@ -3,7 +3,9 @@
 The only place a tracer provider is configured. Traces go to OTLP when
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (or ``OTEL_TRACES_EXPORTER=otlp``), encoded and
 sent by a child process (``span_export.py``); to stderr with
-``OTEL_TRACES_EXPORTER=console``; nowhere by default, at no cost.
+``OTEL_TRACES_EXPORTER=console``; nowhere by default, at no cost. A job's own spans are
+recorded compactly and built as the SDK's outside the hot path (``recording.py``); the
+processor added here (``add_processor``) is where they go.
 """
 
 from __future__ import annotations
@@ -63,14 +65,6 @@ def sampler_for(settings: Settings) -> sampling.Sampler:
         "parentbased_traceidratio": lambda: sampling.ParentBasedTraceIdRatio(ratio),
     }
     return samplers[name]()
-
-
-def tracer_for(name: str) -> trace.Tracer | None:
-    """The SDK's tracer ``name``, or ``None`` when no tracing is installed (for spans that
-    are not a job's own: the hot paths record theirs, ``recorder_for``)."""
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return None
-    return trace.get_tracer(name)
 
 
 _SINKS: dict[int, tuple[TracerProvider, Sink]] = {}  # by provider: where recorded spans go
