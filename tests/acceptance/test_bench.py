@@ -15,7 +15,8 @@ from tests.acceptance.demo_support import database_exists, vhost_exists
 from tests.acceptance.processes import endpoints_env, run
 from tests.support import Endpoints
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
+# one_broker: the benchmark's figures and clean-up, a smoke run.
+pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.one_broker]
 
 RUN_FIGURES = ("e2e", "cpu", "cpu_us", "rss", "machine")
 EVENT_RUNS = ("events_off", "events_on", "events_relay")

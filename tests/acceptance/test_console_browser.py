@@ -41,7 +41,9 @@ from tests.support import (
     wait_for_consumers,
 )
 
-pytestmark = pytest.mark.acceptance
+# one_broker: the pages in a browser: the replay behind them is tests/acceptance/test_console.py's,
+# run on every broker version.
+pytestmark = [pytest.mark.acceptance, pytest.mark.one_broker]
 
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromedriver")
 

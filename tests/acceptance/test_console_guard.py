@@ -31,7 +31,8 @@ from tests.acceptance.console_support import (
 )
 from tests.support import Stack, free_port, pg_connection, run_module
 
-pytestmark = pytest.mark.acceptance
+# one_broker: logins, sessions and input checks: HTTP and PostgreSQL only.
+pytestmark = [pytest.mark.acceptance, pytest.mark.one_broker]
 
 SESSION = "expiry_console"
 LOCK_SECONDS = 8

@@ -18,7 +18,8 @@ from service.console import protocol
 from service.console.guard import SECURITY_HEADERS
 from tests.support import free_port
 
-pytestmark = pytest.mark.acceptance
+# one_broker: the console's HTTP protocol: no broker at all.
+pytestmark = [pytest.mark.acceptance, pytest.mark.one_broker]
 
 LONG_LINE = b"GET /" + b"a" * 1_000_000 + b" HTTP/1.1\r\nhost: console\r\n\r\n"
 LONG_HEADERS = (

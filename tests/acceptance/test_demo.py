@@ -18,7 +18,9 @@ from tests.acceptance.demo_support import (
 )
 from tests.support import RUN_ID, Endpoints, pg_connection, with_database
 
-pytestmark = pytest.mark.acceptance
+# one_broker: the demo's output and clean-up: its pipeline is the one the integration and
+# acceptance tests run on every broker version.
+pytestmark = [pytest.mark.acceptance, pytest.mark.one_broker]
 
 _numbers = itertools.count(1)
 

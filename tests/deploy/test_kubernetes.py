@@ -94,6 +94,7 @@ def failures(done: subprocess.CompletedProcess[str]) -> str:
 def test_every_rendering_passes_every_check(tools: None, tmp_path: Path) -> None:
     """Both profiles, in every combination of their Components, pass every check."""
     done = run("check.py", "all", "--out", tmp_path)
+    print(done.stdout)  # every check's report: the record of a CI run (-s)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
     assert "every check passed" in done.stdout
     assert done.stdout.count("(shipped)") == 2

@@ -32,9 +32,9 @@ pytestmark = pytest.mark.image
 
 # The previous release's image (.ci/image builds it from that release's commit).
 PREVIOUS_IMAGE = os.environ.get("PREVIOUS_SERVICE_IMAGE", "")
-FIRST = 4500  # due over SECONDS while the previous release runs alone, then migrates
-SECOND = 4500  # due over SECONDS once both releases run: the handover happens meanwhile
-SECONDS = 16
+FIRST = 3000  # due over SECONDS while the previous release runs alone, then migrates
+SECOND = 3000  # due over SECONDS once both releases run: the handover happens meanwhile
+SECONDS = 8
 
 
 @pytest.fixture
@@ -132,11 +132,13 @@ async def test_a_rollout_from_the_previous_release_expires_every_hold_once(
         side_by_side = await world.expired()
         second = await insert_holds_due_over(world.database_url, SECOND, SECONDS)
         await world.wait_expired(side_by_side + SECOND // 3)
+        total = FIRST + SECOND
+        at_stop = await world.expired()
+        assert at_stop < total, "every hold had expired before the previous release was stopped"
         old_stops = [await stop_ok(old, name, CONSUMER_GRACE) for name in old_consumers]
         old_stops.append(await stop_ok(old, old_scanner, SCANNER_GRACE))
         at_handover = await world.expired()
 
-        total = FIRST + SECOND
         await world.wait_expired(total, timeout=SECONDS + 120)
         await world.assert_each_expired_once(first + second)
         by_release = await _expired_by(world)

@@ -22,7 +22,9 @@ from service.ops.verification import verify
 from service.scan import once as scan
 from tests import support
 
-pytestmark = pytest.mark.integration
+# one_broker: PostgreSQL's partitions and the audit trail: the consumers and scans beside them
+# are the pipeline's, tested on every broker version.
+pytestmark = [pytest.mark.integration, pytest.mark.one_broker]
 
 DAY = timedelta(days=1)
 
