@@ -124,6 +124,16 @@ async def _depth_is(stack: support.Stack, depth: int) -> bool:
     return await support.queue_depth(stack.amqp_url, "expirations") == depth
 
 
+async def _waiting_on_the_table(stack: support.Stack) -> bool:
+    async with support.pg_connection(stack.database_url) as conn:
+        waiting: int = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND relation = 'reservations'::regclass"
+        )
+    return waiting > 0
+
+
 async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(
     stack: support.Stack,
 ) -> None:
@@ -145,7 +155,10 @@ async def test_sigterm_with_a_full_prefetch_window_drains_and_exits_zero(
         await support.publish_raw(
             stack.amqp_url, [command_body(r["id"], r["hold_until"]) for r in rows]
         )
-        await asyncio.sleep(1.0)  # all 20 deliveries are now waiting on the table lock
+        # All 20 delivered (none left ready) and the updates waiting on the table lock:
+        # waited for, not slept for, as the consumer may be slow to get there.
+        await support.eventually(lambda: _depth_is(stack, 0))
+        await support.eventually(lambda: _waiting_on_the_table(stack))
         consumer.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.0)
         assert consumer.returncode is None  # still finishing what it holds

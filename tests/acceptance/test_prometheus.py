@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.processes import start, stop
+from tests.acceptance.processes import output_so_far, start, stop
 from tests.observability import RULES, metric_names
 from tests.outbox_rows import mark_all_sent
 from tests.support import (
@@ -203,17 +203,26 @@ async def running(
                     await stop(process)
 
 
-async def _locked_while(stack: Stack, seconds: float) -> None:
-    """A hold that comes due while another transaction locks the reservations table for
-    ``seconds`` (``SHARE`` mode: the scan's claims do not wait for it, every update does).
-    The scanner publishes it and records its lease; the consumer's update waits out its
-    lock timeout and is retried through a delay tier (db.timeout); once the lock is gone
-    it expires, after its recorded publish (so its claim-to-finish time is recorded too,
-    whatever the race between the other holds' expiry and their leases' recording)."""
-    await insert_holds(stack.database_url, 1, due_in=1.0)
+async def _locked_until_retried(stack: Stack, consumer: asyncio.subprocess.Process) -> None:
+    """A hold that comes due while another transaction locks the reservations table
+    (``SHARE`` mode: the scan's claims do not wait for it, every update does) until the
+    consumer has retried it. The scanner publishes it and records its lease; the consumer's
+    update waits out its lock timeout and is retried through a delay tier (db.timeout); once
+    the lock is gone it expires, after its recorded publish (so its claim-to-finish time is
+    recorded too, whatever the race between the other holds' expiry and their leases'
+    recording). The lock is held until the consumer says so, not for a time that a loaded
+    machine's scanner and consumer might not keep to."""
+    [rid] = await insert_holds(stack.database_url, 1, due_in=1.0)
+
+    async def retried() -> bool:
+        return any(
+            "expiry.retry" in line and str(rid) in line
+            for line in output_so_far(consumer).splitlines()
+        )
+
     async with pg(stack.database_url) as conn, conn.transaction():
         await conn.execute("LOCK TABLE reservations IN SHARE MODE")
-        await asyncio.sleep(seconds)
+        await eventually(retried, timeout=60)
 
 
 async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
@@ -223,10 +232,10 @@ async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
     """Holds expire (one after a lock timeout and a retry), poison is dead-lettered: every
     metric name in prometheus/alerts.yml and the dashboard has series, and the counters and
     the scanner's last success move."""
-    prometheus, _env, _processes = running
+    prometheus, _env, processes = running
     vhost = stack.vhost
     await insert_holds(stack.database_url, 50)
-    await _locked_while(stack, 3)
+    await _locked_until_retried(stack, processes["consumer"])
     await publish_raw(stack.amqp_url, [b"not json"], message_ids=["poison-prom"])
     await insert_holds(stack.database_url, 50)
     names = metric_names()
@@ -276,8 +285,16 @@ async def test_every_series_the_rules_and_the_dashboard_use_exists_and_moves(
     await eventually(every_expiry_waits_in_the_outbox, timeout=60, every=1)
     assert await prometheus.value("max(expiry_events_objective_seconds)") == 3
     first = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
-    await asyncio.sleep(3)
-    later = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
+    assert (first or 0) > 0
+    later: float | None = None
+
+    async def the_last_success_moved() -> bool:
+        """A later pass's success, once scraped (waited for, not slept for)."""
+        nonlocal later
+        later = await prometheus.value("max(expiry_scan_last_success_timestamp_seconds)")
+        return (later or 0) > (first or 0)
+
+    await eventually(the_last_success_moved, timeout=60, every=1)
     assert (later or 0) > (first or 0) > 0
     consumers = await prometheus.value(
         f'rabbitmq_detailed_queue_consumers{{vhost="{vhost}",queue="expirations"}}'

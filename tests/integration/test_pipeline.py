@@ -133,42 +133,45 @@ async def test_consumed_at_the_deadline_ends_in_one_terminal_state(stack: suppor
     expires from the other end; they meet in the middle, where each row sees
     both writers at once. A later round of commands finishes what is left.
     """
-    async with support.pg_connection(stack.database_url) as conn:
-        deadline = await conn.fetchval("SELECT now() + interval '2 seconds'")
-        ids = [
-            row["id"]
-            for row in await conn.fetch(
-                "INSERT INTO reservations (id, hold_until) "
-                "SELECT gen_random_uuid(), $1 FROM generate_series(1, 400) RETURNING id",
-                deadline,
-            )
-        ]
-    bodies, mids = await _commands_for(stack, ids)
-    order = {str(rid): i for i, rid in enumerate(ids)}
-    pairs = sorted(
-        zip(bodies, mids, strict=True), key=lambda p: -order[json.loads(p[0])["reservation_id"]]
-    )
     consume_sql = "UPDATE reservations SET status = 'consumed' WHERE id = $1 AND status = 'held'"
-
-    async def at(offset: float) -> None:
-        await asyncio.sleep(max(0.0, deadline.timestamp() + offset - time.time()))
-
-    async def support_side() -> None:
-        async with support.pg_connection(stack.database_url) as conn:
-            await at(0.0)
-            for rid in ids:
-                await conn.execute(consume_sql, rid)
-
-    async def commands(offset: float) -> None:
-        await at(offset)
-        await support.publish_raw(
-            stack.amqp_url, [p[0] for p in pairs], message_ids=[p[1] for p in pairs]
-        )
-
     async with support.running_consumer(
         stack.settings.model_copy(update={"prefetch": 200})
     ) as task:
         await support.wait_for_consumers(stack.amqp_url, 1, task)
+        # The deadline is set once the consumer is attached: its start, however slow,
+        # cannot eat into the time the setup has before the deadline.
+        async with support.pg_connection(stack.database_url) as conn:
+            deadline = await conn.fetchval("SELECT now() + interval '2 seconds'")
+            ids = [
+                row["id"]
+                for row in await conn.fetch(
+                    "INSERT INTO reservations (id, hold_until) "
+                    "SELECT gen_random_uuid(), $1 FROM generate_series(1, 400) RETURNING id",
+                    deadline,
+                )
+            ]
+        bodies, mids = await _commands_for(stack, ids)
+        order = {str(rid): i for i, rid in enumerate(ids)}
+        pairs = sorted(
+            zip(bodies, mids, strict=True),
+            key=lambda p: -order[json.loads(p[0])["reservation_id"]],
+        )
+
+        async def at(offset: float) -> None:
+            await asyncio.sleep(max(0.0, deadline.timestamp() + offset - time.time()))
+
+        async def support_side() -> None:
+            async with support.pg_connection(stack.database_url) as conn:
+                await at(0.0)
+                for rid in ids:
+                    await conn.execute(consume_sql, rid)
+
+        async def commands(offset: float) -> None:
+            await at(offset)
+            await support.publish_raw(
+                stack.amqp_url, [p[0] for p in pairs], message_ids=[p[1] for p in pairs]
+            )
+
         assert time.time() < deadline.timestamp() - 0.3, "setup took longer than the deadline"
         await asyncio.gather(support_side(), commands(-0.05), commands(1.0))
         await support.eventually(lambda: _queue_empty(stack, "expirations"))
@@ -340,10 +343,17 @@ async def _scanner_pids_are(stack: support.Stack, pids: list[int]) -> bool:
 
 async def test_due_is_decided_by_the_database_clock(stack: support.Stack) -> None:
     """A hold due in two seconds by the database's clock is published only after that."""
-    await support.insert_holds(stack.database_url, 5, due_in=2.0)
-    assert (await scan.scan_once(stack.settings)).published == 0
-    await asyncio.sleep(2.2)
-    assert (await scan.scan_once(stack.settings)).published == 5
+    links = scan.Links()
+    try:
+        # Connected and checked before the holds go in, so that the pass right after them
+        # reads the database's clock within milliseconds, however slow connecting is.
+        assert (await scan.scan_once(stack.settings, links=links)).published == 0
+        await support.insert_holds(stack.database_url, 5, due_in=2.0)
+        assert (await scan.scan_once(stack.settings, links=links)).published == 0
+        await asyncio.sleep(2.2)
+        assert (await scan.scan_once(stack.settings, links=links)).published == 5
+    finally:
+        await links.close()
 
 
 async def test_unconfirmed_publishes_leave_no_lease_and_are_published_again(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from tests.support import (
     running_consumer,
     stack_settings,
     statuses,
+    until_ready,
     wait_for_consumers,
 )
 
@@ -372,7 +372,7 @@ async def test_health_endpoint_reports_liveness_readiness_and_metrics(stack: Sta
             assert unready.json()["database"] is False
             assert (await client.get("/healthz")).status_code == 200
             proxy.restore()
-            await asyncio.sleep(0.2)
+            await until_ready(client)  # once its pool has a connection again, however long
             assert (await client.get("/readyz")).status_code == 200
     provider.shutdown()
 

@@ -35,7 +35,8 @@ from tests.webhook_support import (
     running_deliverer,
 )
 
-pytestmark = pytest.mark.integration
+# one_broker: HTTP and PostgreSQL only: the deliverer opens no broker connection.
+pytestmark = [pytest.mark.integration, pytest.mark.one_broker]
 
 
 async def _delivered_all(stack: Stack, timeout: float = 30) -> None:
@@ -274,50 +275,51 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
     answer: a failed probe pauses it twice as long, an answered one ends the pause."""
     stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())
     await register(stack)
+    # Pauses far longer than any run of the statements below, each ended by moving its end
+    # to the database's clock (as time passing it would), and a rate that refills the bucket
+    # within microseconds: what is granted never depends on how fast the machine is.
+    pause = 30.0
 
     async def fail(conn: Connection) -> bool:
-        return await rows.failed(conn, "orders", pause_after=2, first=0.5, cap=10)
+        return await rows.failed(conn, "orders", pause_after=2, first=pause, cap=10 * pause)
 
     async def take(conn: Connection) -> rows.Tokens:
         return await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
+            conn, "orders", rate=1_000_000, burst=10, wanted=5, probe_seconds=30
         )
+
+    async def pause_ends(conn: Connection) -> None:
+        await conn.execute("UPDATE webhook_endpoints SET paused_until = clock_timestamp()")
 
     async with pg_connection(stack.database_url) as conn:
         assert not await fail(conn)
-        assert await fail(conn)  # the second in a row: paused 0.5 s
+        assert await fail(conn)  # the second in a row: paused
         assert not await fail(conn)  # in flight when it paused: nothing
         assert not await fail(conn)
         pauses = await conn.fetchval("SELECT pauses FROM webhook_endpoints")
         assert pauses == 1
-        took = await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
-        )
+        took = await take(conn)
         assert (took.granted, took.paused > 0) == (0, True)
-        await asyncio.sleep(0.6)
-        probe = await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
-        )
+        await pause_ends(conn)
+        probe = await take(conn)
         assert probe.granted == 1  # the probe, alone
-        other = await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
-        )
+        other = await take(conn)
         assert other.granted == 0  # nobody else while it is out
+        before = await conn.fetchval("SELECT clock_timestamp()")
         assert await fail(conn)  # the probe failed: paused again, twice as long
         row = await conn.fetchrow(
-            "SELECT pauses, extract(epoch FROM paused_until - now())::float8 AS left"
-            " FROM webhook_endpoints"
+            "SELECT pauses, extract(epoch FROM paused_until - $1::timestamptz)::float8 AS since,"
+            " extract(epoch FROM paused_until - clock_timestamp())::float8 AS left"
+            " FROM webhook_endpoints",
+            before,
         )
         assert row is not None
         assert row["pauses"] == 2
-        assert 0.7 < row["left"] <= 1.0
-        await asyncio.sleep(1.1)
-        probe = await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
-        )
+        # Twice the first pause, from the failure: after ``before``, before this read.
+        assert row["left"] <= 2 * pause <= row["since"]
+        await pause_ends(conn)
+        probe = await take(conn)
         assert probe.granted == 1
         await rows.answered(conn, "orders")  # answered: the pause is over
-        after = await rows.take_tokens(
-            conn, "orders", rate=100, burst=10, wanted=5, probe_seconds=30
-        )
+        after = await take(conn)
         assert (after.granted, after.paused) == (5, 0.0)
