@@ -40,19 +40,31 @@ from tests.support import (
 pytestmark = pytest.mark.integration
 
 
+# The tracer provider can be set once per process, and a worker process (pytest-xdist,
+# --dist worksteal) may run this module's tests between others', setting the fixture up
+# more than once: one exporter per process, the instrumentation on only around its tests.
+_EXPORTER = InMemorySpanExporter()
+_INSTALLED: list[object] = []  # the provider set up with _EXPORTER, once per process
+
+
 @pytest.fixture(scope="module")
 def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing on, into memory, for this module only (the provider is process-wide)."""
+    """Tracing on, into memory, for this module's tests only (the provider is process-wide)."""
+    from opentelemetry import trace
     from opentelemetry.instrumentation.aio_pika import AioPikaInstrumentor
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 
-    exporter = InMemorySpanExporter()
-    telemetry.setup_tracing(stack_settings("postgresql://x@h/d", "amqp://h/"), "test", exporter)
-    yield exporter
+    if _INSTALLED:
+        telemetry.tracing.instrument()  # set up before in this process, uninstrumented since
+    else:
+        settings = stack_settings("postgresql://x@h/d", "amqp://h/")
+        _INSTALLED.append(telemetry.setup_tracing(settings, "test", _EXPORTER))
+    assert trace.get_tracer_provider() is _INSTALLED[0], "another tracer provider is set"
+    _EXPORTER.clear()
+    yield _EXPORTER
     AioPikaInstrumentor().uninstrument()
     AsyncPGInstrumentor().uninstrument()  # type: ignore[no-untyped-call]
-    exporter.clear()
-    exporter.shutdown()
+    _EXPORTER.clear()
 
 
 def _by_id(all_spans: tuple[ReadableSpan, ...]) -> dict[int, ReadableSpan]:
