@@ -31,7 +31,13 @@ import pytest
 from service import scan
 from service.adapters import postgres
 from service.adapters.postgres import audit_trail, deliveries, outbox
-from service.adapters.postgres.schema import Migration, load_migrations, migrate, schema_state
+from service.adapters.postgres.schema import (
+    MIGRATION_LOCK_KEY,
+    Migration,
+    load_migrations,
+    migrate,
+    schema_state,
+)
 from service.adapters.telemetry.metrics import Metrics
 from service.cli import cause_chain
 from service.core.dead_letter import DeadLetterRecord
@@ -937,6 +943,26 @@ async def test_a_second_database_migrates_and_migrates_again(endpoints: support.
         await admin(url, sql)  # the file itself is idempotent too
         async with connected_as(url, OPERATOR) as conn:
             assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
+
+
+async def test_a_migrate_waits_its_turn_past_the_lock_timeout(
+    endpoints: support.Endpoints, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A migrate that finds another holding the migration lock for longer than
+    EXPIRY_LOCK_TIMEOUT_MS waits for it (saying so), then applies what is left."""
+    caplog.set_level(logging.INFO, "service.migrate")
+    async with scratch_database(endpoints) as url:
+        settings = support.stack_settings(url, endpoints.amqp_url).model_copy(
+            update={"lock_timeout_ms": 100}
+        )
+        async with support.pg_connection(url) as other:
+            await other.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+            waiting = asyncio.create_task(migrate(settings))
+            await asyncio.sleep(0.5)  # five lock timeouts
+            assert not waiting.done()
+            await other.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+            assert await waiting == [m.version for m in load_migrations()]
+    assert [r.msg for r in caplog.records].count("migrate.waiting") == 1
 
 
 async def test_an_owner_without_superuser_migrates_when_the_roles_exist(

@@ -2,11 +2,14 @@
 
 Each file runs once, in its own transaction, and is recorded in
 ``schema_migrations``. A session-level advisory lock makes two concurrent runs
-take turns; the second finds nothing left to do.
+take turns; the second finds nothing left to do. The lock is waited for by polling, not
+under ``lock_timeout``: that bounds each migration's statements against the running
+service, while the other run may take longer than it to apply them all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -38,8 +41,10 @@ SELECT to_regclass('schema_migrations') IS NOT NULL AS present,
 # it is on a schema older than this.
 LEDGER_READABLE_FROM = "0010_scan_pass_start"
 RECORD_VERSION = "INSERT INTO schema_migrations (version) VALUES ($1)"
-LOCK = "SELECT pg_advisory_lock($1)"
+TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
 UNLOCK = "SELECT pg_advisory_unlock($1)"
+LOCK_WAIT_SECONDS = 600.0  # another run's migrations, however slow the server
+LOCK_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,10 @@ class SchemaNotCurrent(ServiceError):
     """The database is not migrated, or was migrated by an older release."""
 
 
+class MigrationBusy(ServiceError):
+    """Another migrate held the migration lock for longer than ``LOCK_WAIT_SECONDS``."""
+
+
 async def require_current_schema(conn: Connection) -> None:
     """Raise ``SchemaNotCurrent`` (saying what is missing) unless every shipped migration
     is applied: for a process that would otherwise fail on its first delivery."""
@@ -114,13 +123,30 @@ async def migrate(settings: Settings, *, until: str | None = None) -> list[str]:
     would: the tests and benchmarks of a move); return the versions applied by this call."""
     conn = await connect(settings, application_name="expiry-migrate")
     try:
-        await conn.execute(LOCK, MIGRATION_LOCK_KEY)
+        await _take_turn(conn, wait=LOCK_WAIT_SECONDS)
         try:
             return await _apply_pending(conn, until=until)
         finally:
             await conn.execute(UNLOCK, MIGRATION_LOCK_KEY)
     finally:
         await conn.close()
+
+
+async def _take_turn(conn: Connection, *, wait: float) -> None:
+    """The migration lock for this session, once another run has released it (a session
+    that dies releases it too)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    if await conn.fetchval(TRY_LOCK, MIGRATION_LOCK_KEY):
+        return
+    log.info("migrate.waiting", extra={"for": "another migrate to finish"})
+    while not await conn.fetchval(TRY_LOCK, MIGRATION_LOCK_KEY):
+        if loop.time() >= deadline:
+            raise MigrationBusy(
+                f"another migrate held the migration lock for over {wait:g}s; "
+                "run it again once that one has ended"
+            )
+        await asyncio.sleep(LOCK_POLL_SECONDS)
 
 
 async def _apply_pending(conn: Connection, *, until: str | None = None) -> list[str]:
