@@ -93,6 +93,12 @@ skip() {
   printf '\n== [%s] not run: %s (%s)\n' "$(_at)" "$1" "$2"
 }
 
+_tests() {  # what each pytest run of a stage said at its end ("2050 passed + 3 failed, ...")
+  [[ -f ${_LOG[$1]} ]] || return 0
+  grep -aoE '([0-9]+ (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)(, )?)+ in [0-9.]+s' \
+    "${_LOG[$1]}" | sed -E 's/ in [0-9.]+s$//' | paste -sd '+' | sed 's/+/ + /g'
+}
+
 summary() {
   local name pid first="" total=$(($(_now) - CI_T0))
   for name in "${!_PID[@]}"; do  # jobs never awaited (the run stopped early)
@@ -103,13 +109,15 @@ summary() {
       _ENDED[$name]=$(_now) _RESULT[$name]="stopped: the run ended first"
     fi
   done
+  local width=5
+  for name in "${_NAMES[@]}"; do ((${#name} > width)) && width=${#name}; done
   printf '\n== [%s] the stages (minutes since the start; side by side where they overlap)\n\n' "$(_at)"
-  printf '| %-52s | %5s | %5s | %7s | %s\n' stage start end minutes result
-  printf '|%s|%s|%s|%s|%s\n' "$(printf -- '-%.0s' {1..54})" ------- ------- --------- --------
+  printf "| %-${width}s | start |   end | minutes | result | tests |\n" stage
+  printf '|%s|------:|------:|--------:|--------|-------|\n' "$(printf -- '-%.0s' $(seq $((width + 2))))"
   for name in "${_NAMES[@]}"; do
-    printf '| %-52s | %5s | %5s | %7s | %s\n' "$name" "$(_min $((_BEGAN[$name] - CI_T0)))" \
+    printf "| %-${width}s | %5s | %5s | %7s | %s | %s |\n" "$name" "$(_min $((_BEGAN[$name] - CI_T0)))" \
       "$(_min $((_ENDED[$name] - CI_T0)))" "$(_min $((_ENDED[$name] - _BEGAN[$name])))" \
-      "${_RESULT[$name]}"
+      "${_RESULT[$name]}" "$(_tests "$name")"
     [[ -n $first || ${_RESULT[$name]} == passed || ${_RESULT[$name]} == not\ run* ]] || first=$name
   done
   printf '\nthe whole run: %s min; logs: %s\n' "$(_min "$total")" "$CI_LOGS"
