@@ -31,7 +31,7 @@ Where things run
   need be (by its process group) and removed at the end. With
   ``FAULTS_RABBITMQ=4`` the suite runs on RabbitMQ 4.x instead: the node of
   ``../shared/tools/rabbitmq4.sh`` (``tests.rabbitnode.Rabbitmq4Node``), driven
-  through that script and left running (``.ci/run``'s third leg).
+  through that script and left running (how ``.ci/run`` runs the suite, once).
 - **A primary and its streaming replica**, for the failover scenario only
   (``pg_createcluster`` twice, the second made with ``pg_basebackup -R``;
   dropped at the end).
