@@ -34,7 +34,7 @@ from bench.procs import Child, ChildFailed, tree_usage
 from bench.recording import free_port
 from bench.scrape import BATCH_DURATION, COMMIT_TO_CONFIRM, EMPTY, Histogram, histogram, scrape
 from bench.supervisor import POLL_SECONDS, STALL_SECONDS
-from service.adapters.postgres import deliveries
+from service.adapters.postgres import webhook_endpoints
 
 PREFILL_PER_HOLD = 4
 
@@ -121,7 +121,7 @@ class EventRuns:
         holds = bench.options.holds
         await bench.scan(holds)
         if endpoints:
-            await deliveries.register(conn, endpoints)
+            await webhook_endpoints.register(conn, endpoints)
         if not events:
             await outbox.set_trigger(conn, enabled=False)
         try:

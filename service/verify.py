@@ -16,7 +16,7 @@ import json
 from service.adapters import postgres
 from service.adapters.postgres.schema import schema_state
 from service.cli import run_command
-from service.ops.health import MIGRATE_COMMAND
+from service.ops.conditions import MIGRATE_COMMAND
 from service.ops.verification import EXIT_NOT_MIGRATED, pending_bound, verify
 from service.settings import Settings
 

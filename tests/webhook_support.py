@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres import webhook_endpoints
 from service.deliver.courier import Courier
 from service.deliver.deliverer import run
 from service.settings import Endpoint
@@ -70,6 +70,12 @@ class Receiver:
     script: list[Reply] = field(default_factory=lambda: [Reply()])
     received: list[Received] = field(default_factory=list)
     port: int = 0
+    down: Reply | None = None  # answered instead of the script until ``down_until``
+    down_until: float = 0.0
+
+    def down_for(self, seconds: float, reply: Reply) -> None:
+        """Answer ``reply`` to every request for the next ``seconds``, then the script."""
+        self.down, self.down_until = reply, time.monotonic() + seconds
 
     def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
         """Its URL (plain HTTP on the loopback: allowed by ``LOOPBACK`` only)."""
@@ -100,7 +106,10 @@ class Receiver:
         except WebhookVerificationError:
             verified = False
         self.received.append(Received(time.monotonic(), request.url.path, headers, body, verified))
-        reply = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if self.down is not None and time.monotonic() < self.down_until:
+            reply = self.down
+        else:
+            reply = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if reply.delay:
             await asyncio.sleep(reply.delay)
         return Response(BODY_SECRET, status_code=reply.status, headers=reply.headers)
@@ -145,7 +154,9 @@ async def register(stack: Stack) -> None:
     """The stack's endpoints registered (as the deliverer does at its start), so that the
     events written from now on have their deliveries."""
     async with pg_connection(stack.database_url) as conn:
-        await rows.register(conn, [endpoint.name for endpoint in stack.settings.webhooks])
+        await webhook_endpoints.register(
+            conn, [endpoint.name for endpoint in stack.settings.webhooks]
+        )
 
 
 def running_deliverer(stack: Stack) -> AbstractAsyncContextManager[asyncio.Task[list[Courier]]]:

@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from service.adapters import postgres
 from service.adapters.postgres import console as console_store
+from service.adapters.postgres.webhook_endpoints import EndpointBacklog
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
 from service.ops import dead_letters, screen, survey
@@ -80,14 +81,19 @@ class Overview:
                 dead=row.dead,
                 paused=row.paused_for > 0,
                 behind=row.oldest_age > objective,
-                state=(
-                    f"paused {human(row.paused_for)}"
-                    if row.paused_for > 0
-                    else ("BEHIND" if row.oldest_age > objective else "delivering")
-                ),
+                state=_webhook_state(row, objective),
             )
             for row in self.status.webhooks or []
         ]
+
+
+def _webhook_state(row: EndpointBacklog, objective: float) -> str:
+    """One endpoint's state in a few words: disabled, paused, behind or delivering."""
+    if row.disabled_at is not None:
+        return f"DISABLED (410) since {row.disabled_at:%Y-%m-%d %H:%M}"
+    if row.paused_for > 0:
+        return f"paused {human(row.paused_for)}"
+    return "BEHIND" if row.oldest_age > objective else "delivering"
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,15 @@ import argparse
 
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.cli import run_command, serve_until_stopped
-from service.deliver.deliverer import check_settings, retire, run
+from service.deliver.deliverer import check_settings, enable, retire, run
 from service.settings import Settings
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
     if args.retire is not None:
         return await retire(settings, args.retire, yes=args.yes, say=print)
+    if args.enable is not None:
+        return await enable(settings, args.enable, say=print)
     check_settings(settings)  # before telemetry starts: a refusal is one line
     return await serve_until_stopped(
         settings,
@@ -37,7 +39,15 @@ def main() -> None:
             "and exit 0. Several may run at once."
         ),
     )
-    parser.add_argument(
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument(
+        "--enable",
+        metavar="NAME",
+        help="send to endpoint NAME again after it answered 410 Gone (which disables it): "
+        "its waiting deliveries are due at once, the time it was disabled left out of "
+        "their age",
+    )
+    chosen.add_argument(
         "--retire",
         metavar="NAME",
         help="stop delivering to endpoint NAME for good: no delivery is written for it any "

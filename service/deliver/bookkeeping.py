@@ -1,7 +1,9 @@
 """Settling one attempt by its answer (``core/webhook_policy.py``), only while the
-claim's lease holds: delivered (the row deleted), put off (retried later), or dead (a
+claim's lease holds: delivered (the row deleted), put off (tried again later; after a
+410 Gone, once the endpoint is enabled again), or dead once out of attempts or age (a
 dead letter in ``dead_letters``, its delivery kept for a replay); and the endpoint's
-shared state (failures in a row, its pause) and the metrics with it.
+shared state (failures in a row and its pause, the hold its ``Retry-After`` asks for,
+disabled) and the metrics with it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from uuid import UUID
 
 from service.adapters import postgres
 from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.core import webhook_policy
 from service.core.dead_letter import DeadLetterRecord
@@ -49,45 +52,86 @@ class Bookkeeper:
     async def settle(self, delivery: rows.Delivery, answer: Answer) -> bool:
         """Record the attempt's answer; False when the claim had lapsed (nothing of it is
         recorded: whoever claims it next delivers it again)."""
-        attributes = {"endpoint": self.endpoint}
         async with self.pool.acquire() as conn:
             if answer.verdict is Verdict.DELIVERED:
                 settled = await rows.delivered(conn, self.endpoint, delivery.id, token=self.token)
                 if settled:
-                    self.metrics.delivered.add(1, attributes)
+                    self.metrics.delivered.add(1, {"endpoint": self.endpoint})
                 return _said(settled, self.endpoint, delivery)
-            if answer.status is not None and answer.verdict is Verdict.PERMANENT:
-                await rows.answered(conn, self.endpoint)  # it answers, if not as hoped
-            give_up = webhook_policy.PERMANENT
-            delay = 0.0
-            if answer.verdict is Verdict.RETRY:
-                await self._failed(conn)
-                policy = retry_policy(self.settings)
-                delay = policy.delay(delivery.attempts + 1, answer, self.rng)
-                give_up = policy.give_up(delivery.attempts + 1, delivery.age, delay) or ""
-            error_class = answer.error_class or webhook_policy.UNAVAILABLE
-            if not give_up:
-                settled = await rows.put_off(
-                    conn,
-                    delivery.id,
-                    token=self.token,
-                    seconds=delay,
-                    status=answer.status,
-                    error_class=error_class,
-                )
-                if settled:
-                    self.metrics.retried.add(1, {**attributes, "error_class": error_class})
-                return _said(settled, self.endpoint, delivery)
-            settled = await rows.kill(
-                conn,
-                delivery.id,
-                token=self.token,
-                status=answer.status,
-                dead_letter=self._dead_letter(delivery, answer, error_class, give_up),
-                owner=default_owner(self.settings.dead_letter_owners, error_class),
+            if answer.verdict is Verdict.GONE:
+                return await self._gone(conn, delivery, answer)
+            return await self._failed(conn, delivery, answer)
+
+    async def _gone(
+        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer
+    ) -> bool:
+        """410 Gone: the endpoint disabled; the delivery waits for it to be enabled."""
+        if await endpoints.disable(conn, self.endpoint):
+            log.warning(
+                "webhook.disabled",
+                extra={
+                    "endpoint": self.endpoint,
+                    "status": answer.status,
+                    "then": "nothing is sent to it until python -m service.deliver --enable",
+                },
             )
+        return await self._put_off(conn, delivery, answer, 0.0)
+
+    async def _failed(
+        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer
+    ) -> bool:
+        """A failure: counted in a row (a pause), the endpoint held for its Retry-After,
+        and the delivery tried again on the backoff, or dead once out of budget."""
+        settings = self.settings
+        if await endpoints.failed(
+            conn,
+            self.endpoint,
+            pause_after=settings.webhook_pause_after,
+            first=settings.webhook_pause_seconds,
+            cap=settings.webhook_pause_cap_seconds,
+        ):
+            log.warning("webhook.paused", extra={"endpoint": self.endpoint})
+        policy = retry_policy(settings)
+        if (hold := policy.hold(answer)) > 0:
+            await endpoints.hold(conn, self.endpoint, hold)
+        delay = policy.delay(delivery.attempts + 1, answer, self.rng)
+        give_up = policy.give_up(delivery.attempts + 1, delivery.age, delay)
+        if give_up is None:
+            return await self._put_off(conn, delivery, answer, delay)
+        return await self._kill(conn, delivery, answer, give_up)
+
+    async def _put_off(
+        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer, delay: float
+    ) -> bool:
+        error_class = answer.error_class or webhook_policy.UNAVAILABLE
+        settled = await rows.put_off(
+            conn,
+            delivery.id,
+            token=self.token,
+            seconds=delay,
+            status=answer.status,
+            error_class=error_class,
+        )
         if settled:
-            self.metrics.dead.add(1, {**attributes, "error_class": error_class, "give_up": give_up})
+            self.metrics.retried.add(1, {"endpoint": self.endpoint, "error_class": error_class})
+        return _said(settled, self.endpoint, delivery)
+
+    async def _kill(
+        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer, give_up: str
+    ) -> bool:
+        error_class = answer.error_class or webhook_policy.UNAVAILABLE
+        settled = await rows.kill(
+            conn,
+            delivery.id,
+            token=self.token,
+            status=answer.status,
+            dead_letter=self._dead_letter(delivery, answer, error_class, give_up),
+            owner=default_owner(self.settings.dead_letter_owners, error_class),
+        )
+        if settled:
+            self.metrics.dead.add(
+                1, {"endpoint": self.endpoint, "error_class": error_class, "give_up": give_up}
+            )
             log.warning(
                 "webhook.dead_letter",
                 extra={
@@ -99,18 +143,6 @@ class Bookkeeper:
                 },
             )
         return _said(settled, self.endpoint, delivery)
-
-    async def _failed(self, conn: postgres.Connection) -> None:
-        settings = self.settings
-        paused = await rows.failed(
-            conn,
-            self.endpoint,
-            pause_after=settings.webhook_pause_after,
-            first=settings.webhook_pause_seconds,
-            cap=settings.webhook_pause_cap_seconds,
-        )
-        if paused:
-            log.warning("webhook.paused", extra={"endpoint": self.endpoint})
 
     def _dead_letter(
         self, delivery: rows.Delivery, answer: Answer, error_class: str, give_up: str

@@ -21,6 +21,7 @@ from uuid import UUID, uuid4
 from service.adapters import postgres
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.core.events import event_body
 from service.deliver.bookkeeping import Bookkeeper
@@ -31,6 +32,9 @@ log = logging.getLogger("service.deliver")
 # A retired endpoint (--retire) is looked at again this seldom, in case it is registered
 # again; a deliverer started with it registers it at its start.
 RETIRED_LOOK_SECONDS = 60.0
+# A disabled endpoint (it answered 410 Gone) is looked at again this often, to resume
+# soon after python -m service.deliver --enable.
+DISABLED_LOOK_SECONDS = 5.0
 
 
 def burst_of(endpoint: Endpoint) -> float:
@@ -93,7 +97,7 @@ class Courier:
         endpoint, settings = self.endpoint, self.settings
         burst = burst_of(endpoint)
         async with self.pool.acquire() as conn:
-            tokens = await rows.take_tokens(
+            tokens = await endpoints.take_tokens(
                 conn,
                 self.name,
                 rate=endpoint.rate_per_second,
@@ -105,11 +109,8 @@ class Courier:
                 log.warning("webhook.retired", extra={"endpoint": self.name})
                 return [], RETIRED_LOOK_SECONDS
             self.metrics.looked()  # the look succeeded, whatever it allows
-            if tokens.paused > 0:
-                return [], min(tokens.paused, settings.webhook_poll_seconds)
             if tokens.granted == 0:
-                self.metrics.rate_limited.add(1, {"endpoint": self.name})
-                return [], max(0.001, (1 - tokens.have) / endpoint.rate_per_second)
+                return [], self._wait(tokens)
             batch = await rows.claim(
                 conn,
                 self.name,
@@ -117,8 +118,25 @@ class Courier:
                 lease_seconds=settings.webhook_lease_seconds,
                 token=self.token,
             )
-            await rows.give_back(conn, self.name, tokens.granted - len(batch), burst=burst)
+            await endpoints.give_back(
+                conn,
+                self.name,
+                tokens.granted - len(batch),
+                burst=burst,
+                probe=tokens.probe and not batch,
+            )
+        if tokens.probe and batch:
+            log.info("webhook.probe", extra={"endpoint": self.name})
         return batch, 0.0 if batch else settings.webhook_poll_seconds
+
+    def _wait(self, tokens: endpoints.Tokens) -> float:
+        """How long to wait when the endpoint allows nothing now."""
+        if tokens.disabled:
+            return DISABLED_LOOK_SECONDS
+        if tokens.wait > 0:  # held or paused: looked at again within a poll
+            return min(tokens.wait, self.settings.webhook_poll_seconds)
+        self.metrics.rate_limited.add(1, {"endpoint": self.name})
+        return max(0.001, (1 - tokens.have) / self.endpoint.rate_per_second)
 
     async def _deliver(self, delivery: rows.Delivery) -> None:
         body = event_body(delivery.reservation_id, delivery.hold_until, delivery.expired_at)

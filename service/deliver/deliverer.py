@@ -21,7 +21,7 @@ from collections.abc import Callable
 from service.adapters import postgres
 from service.adapters.http.server import serving
 from service.adapters.http.webhook_sender import Sender
-from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.postgres.schema import require_current_schema
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.core.errors import UsageError
@@ -66,7 +66,7 @@ async def run(
         )
         async with pool.acquire() as conn:
             await require_current_schema(conn)
-            await rows.register(conn, [endpoint.name for endpoint in settings.webhooks])
+            await endpoints.register(conn, [endpoint.name for endpoint in settings.webhooks])
         couriers = []
         for endpoint in settings.webhooks:
             sender = Sender(
@@ -104,7 +104,7 @@ async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str
     opened = postgres.pooled(settings, name="expiry-deliver retire", size=1)
     async with opened as pool, pool.acquire() as conn:
         await require_current_schema(conn)
-        shown = {row.endpoint: row for row in await rows.backlog(conn)}
+        shown = {row.endpoint: row for row in await endpoints.backlog(conn)}
         if name not in shown:
             raise UsageError(f"--retire: no endpoint {name!r} is registered")
         row = shown[name]
@@ -116,7 +116,7 @@ async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str
             say("nothing done: --yes retires it (its dead letters stay)")
             return 0
         async with conn.transaction():
-            _, pending, dead = await rows.retire(conn, name)
+            _, pending, dead = await endpoints.retire(conn, name)
     say(
         f"retired endpoint {name}: {pending} pending and {dead} dead deliveries deleted; no "
         "delivery is written for it any more (a deliverer started with it registers it again)"
@@ -125,12 +125,36 @@ async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str
     return 0
 
 
+async def enable(settings: Settings, name: str, *, say: Callable[[str], None]) -> int:
+    """``--enable NAME``: an endpoint disabled by a 410 Gone is sent to again."""
+    opened = postgres.pooled(settings, name="expiry-deliver enable", size=1)
+    async with opened as pool, pool.acquire() as conn:
+        await require_current_schema(conn)
+        async with conn.transaction():
+            enabled = await endpoints.enable(conn, name)
+    if not enabled.registered:
+        raise UsageError(f"--enable: no endpoint {name!r} is registered")
+    if enabled.disabled_at is None:
+        say(f"endpoint {name} was not disabled: nothing changed")
+        return 0
+    since = enabled.disabled_at.isoformat(timespec="seconds")
+    say(
+        f"enabled endpoint {name} (disabled since {since}): its {enabled.pending} waiting "
+        "deliveries are due now, the time it was disabled left out of their age"
+    )
+    log.info(
+        "webhook.enabled",
+        extra={"endpoint": name, "disabled_since": since, "pending": enabled.pending},
+    )
+    return 0
+
+
 async def _read_backlogs(pool: postgres.Pool, metrics: DeliverMetrics, stop: asyncio.Event) -> None:
     """Each endpoint's deliveries into the gauges, every BACKLOG_READ_SECONDS until stop."""
     while not stop.is_set():
         try:
             async with pool.acquire() as conn:
-                metrics.backlogs = await rows.backlog(conn)
+                metrics.backlogs = await endpoints.backlog(conn)
         except Exception as exc:  # the gauges keep their last values; the next read retries
             log.warning("webhook.backlog_unread", extra={"error_class": type(exc).__name__})
         with contextlib.suppress(TimeoutError):

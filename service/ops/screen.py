@@ -14,7 +14,8 @@ from typing import Any
 from service.adapters.postgres.leases import ScanPass
 from service.core.durations import human
 from service.core.topology import DEAD_QUEUE
-from service.ops.health import RETRY_QUEUES, Problem, QueueState, Status
+from service.ops.conditions import RETRY_QUEUES, Problem
+from service.ops.health import QueueState, Status
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ def webhook_lines(status: Status) -> list[str]:
     for endpoint in status.webhooks or []:
         oldest = f", the oldest {human(endpoint.oldest_age)} old" if endpoint.pending else ""
         paused = f", PAUSED {human(endpoint.paused_for)}" if endpoint.paused_for > 0 else ""
+        if endpoint.disabled_at is not None:
+            paused = f", DISABLED (410 Gone) since {endpoint.disabled_at:%Y-%m-%d %H:%M:%S%z}"
         lines.append(
             f"webhook {endpoint.endpoint:20} {endpoint.pending:>9} pending{oldest}, "
             f"{endpoint.dead} dead{paused}"
@@ -250,7 +253,11 @@ def as_json(status: Status) -> dict[str, Any]:
         "webhooks": None
         if status.webhooks is None
         else [
-            {**asdict(endpoint), "objective_seconds": status.webhook_objective_seconds}
+            {
+                **asdict(endpoint),
+                "disabled_at": endpoint.disabled_at and endpoint.disabled_at.isoformat(),
+                "objective_seconds": status.webhook_objective_seconds,
+            }
             for endpoint in status.webhooks
         ],
     }

@@ -17,7 +17,7 @@ from service.adapters import postgres
 from service.adapters.amqp.declaring import topology_for
 from service.adapters.amqp.queues import QueueProbe
 from service.adapters.classify import DATABASE_ERRORS, schema_missing
-from service.adapters.postgres import deliveries, outbox, ownership, partitions
+from service.adapters.postgres import outbox, ownership, partitions, webhook_endpoints
 from service.adapters.postgres.leases import last_passes, newest_publish_age
 from service.adapters.postgres.schema import schema_state
 from service.core.redaction import redact
@@ -85,7 +85,7 @@ async def _read_facts(status: Status, conn: postgres.Connection) -> None:
     status.retention = await partitions.retained(conn)
     status.retention_began = await partitions.retention_began(conn)
     status.events = await outbox.pending(conn)
-    status.webhooks = await deliveries.backlog(conn)
+    status.webhooks = await webhook_endpoints.backlog(conn)
     if not status.passes or status.passes[0].age_seconds > status.scan_stall_seconds:
         status.newest_publish_age_seconds = await newest_publish_age(conn)
 

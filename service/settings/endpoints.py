@@ -34,22 +34,26 @@ from service.core.redaction import register_url_secrets
 SECRET_PREFIX = "whsec_"
 # The Standard Webhooks specification: secrets of 24 to 64 random bytes.
 SECRET_BYTES = (24, 64)
+# Secrets at once (each signs): the old and the new during a rotation, and some room.
+MAX_SECRETS = 5
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 HOST_PATTERN = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,62}\.)*[a-z0-9-]{1,63}$|^[0-9a-f:.]+$")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class Endpoint(BaseModel):
-    """One receiver: where events go, the secret they are signed with, and its limits."""
+    """One receiver: where events go, the secrets they are signed with (one, or a list
+    during a rotation: each signs), and its limits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     url: str
-    secret: SecretStr
+    secret: tuple[SecretStr, ...]
     # Requests per second to this endpoint, across every deliverer together.
     rate_per_second: float = Field(default=20.0, gt=0, le=10_000)
-    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    # The Standard Webhooks specification asks receivers to answer within 15 s to 30 s.
+    timeout_seconds: float = Field(default=15.0, gt=0, le=300)
     # Networks the resolved address may be in besides public addresses (CIDRs).
     allow_networks: tuple[Network, ...] = ()
 
@@ -80,21 +84,19 @@ class Endpoint(BaseModel):
         register_url_secrets(value)  # credentials in it are never logged
         return value
 
-    @field_validator("secret")
+    @field_validator("secret", mode="before")
     @classmethod
-    def _check_secret(cls, value: SecretStr) -> SecretStr:
-        raw = value.get_secret_value()
-        low, high = SECRET_BYTES
-        problem = f"must be {SECRET_PREFIX} followed by the base64 of {low} to {high} random bytes"
-        if not raw.startswith(SECRET_PREFIX):
-            raise ValueError(problem)
-        try:
-            key = base64.b64decode(raw.removeprefix(SECRET_PREFIX), validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(problem) from None
-        if not low <= len(key) <= high:
-            raise ValueError(problem)
-        return value
+    def _check_secret(cls, value: Any) -> tuple[SecretStr, ...]:
+        items = [value] if isinstance(value, str | SecretStr) else value
+        if not isinstance(items, list | tuple) or not 1 <= len(items) <= MAX_SECRETS:
+            raise ValueError(f"must be a secret, or a list of 1 to {MAX_SECRETS} secrets")
+        secrets = tuple(
+            _secret(item.get_secret_value() if isinstance(item, SecretStr) else item)
+            for item in items
+        )
+        if len({secret.get_secret_value() for secret in secrets}) < len(secrets):
+            raise ValueError("lists the same secret twice")
+        return secrets
 
     @field_validator("allow_networks", mode="before")
     @classmethod
@@ -126,6 +128,22 @@ class Endpoint(BaseModel):
     def plain_http(self) -> bool:
         """The URL is http:// (allowed only to an address in ``allow_networks``)."""
         return urlsplit(self.url).scheme == "http"
+
+
+def _secret(value: Any) -> SecretStr:
+    """One secret as the Standard Webhooks specification spells it, or a ``ValueError``
+    that never quotes it."""
+    low, high = SECRET_BYTES
+    problem = f"must be {SECRET_PREFIX} followed by the base64 of {low} to {high} random bytes"
+    if not isinstance(value, str) or not value.startswith(SECRET_PREFIX):
+        raise ValueError(problem)
+    try:
+        key = base64.b64decode(value.removeprefix(SECRET_PREFIX), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(problem) from None
+    if not low <= len(key) <= high:
+        raise ValueError(problem)
+    return SecretStr(value)
 
 
 def parse_endpoints(text: str) -> tuple[Endpoint, ...]:

@@ -156,3 +156,36 @@ async def test_retire_shows_then_deletes_an_endpoint_and_its_deliveries(
     assert unknown.stderr.strip() == (
         "python -m service.deliver: refused: --retire: no endpoint 'nobody' is registered"
     )
+
+
+async def test_enable_sends_to_a_disabled_endpoint_again_as_the_deliverer(
+    stack: support.Stack,
+) -> None:
+    """--enable NAME, as expiry_deliver with no endpoint configured: a disabled endpoint
+    is enabled and its waiting deliveries due now; again, nothing changes; an unknown
+    name is refused in one line (exit 2); --enable and --retire together, by argparse."""
+    async with support.pg_connection(stack.database_url) as conn:
+        await conn.execute(
+            "INSERT INTO webhook_endpoints (name, disabled_at) VALUES ('crm', now())"
+        )
+    await insert_events(stack, 2)
+    env = _env(stack, [])
+    enabled = await asyncio.to_thread(run, DELIVER, "--enable", "crm", env=env)
+    assert enabled.returncode == 0, enabled.stderr
+    [line] = enabled.stdout.splitlines()
+    assert line.startswith("enabled endpoint crm (disabled since ")
+    assert line.endswith(
+        "its 2 waiting deliveries are due now, the time it was disabled left out of their age"
+    )
+    async with support.pg_connection(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT disabled_at FROM webhook_endpoints") is None
+    again = await asyncio.to_thread(run, DELIVER, "--enable", "crm", env=env)
+    assert again.stdout.splitlines() == ["endpoint crm was not disabled: nothing changed"]
+    unknown = await asyncio.to_thread(run, DELIVER, "--enable", "nobody", env=env)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (
+        "python -m service.deliver: refused: --enable: no endpoint 'nobody' is registered"
+    )
+    both = await asyncio.to_thread(run, DELIVER, "--enable", "crm", "--retire", "crm", env=env)
+    assert both.returncode == 2
+    assert "not allowed with argument" in both.stderr

@@ -30,7 +30,7 @@ import pytest
 
 from service import scan
 from service.adapters import postgres
-from service.adapters.postgres import audit_trail, deliveries, outbox
+from service.adapters.postgres import audit_trail, deliveries, outbox, webhook_endpoints
 from service.adapters.postgres.schema import (
     MIGRATION_LOCK_KEY,
     Migration,
@@ -428,12 +428,13 @@ async def test_every_statement_of_the_relay_runs_as_expiry_relay(stack: support.
 async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
     stack: support.Stack,
 ) -> None:
-    """Registering, the shared bucket and pause, claims, settling (delivered, put off, dead
-    with its record and default owner) run as the deliverer; a consumer's expiry writes
-    the deliveries; the operator reads the backlog and revives a dead one."""
+    """Registering, the shared bucket, pause and hold, claims, settling (delivered, put
+    off, dead with its record and default owner), disabling and enabling run as the
+    deliverer; a consumer's expiry writes the deliveries; the operator reads the backlog
+    and revives a dead one."""
     async with connected_as(stack.database_url, DELIVER) as conn:
         assert (await schema_state(conn)).current
-        await deliveries.register(conn, ["a", "b"])
+        await webhook_endpoints.register(conn, ["a", "b"])
     ids = await support.insert_holds(stack.database_url, 3)
     async with connected_as(stack.database_url, CONSUMER) as conn:
         await postgres.expire_batch(conn, ids, ["x", "y", "z"], [1, 1, 1], worker="w")
@@ -442,12 +443,12 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
     async with connected_as(stack.database_url, DELIVER) as conn:
         # A rate of a million a second fills the bucket (burst 10) within microseconds of
         # the registration, however fast or slow the statements above ran.
-        tokens = await deliveries.take_tokens(
+        tokens = await webhook_endpoints.take_tokens(
             conn, "a", rate=1_000_000, burst=10, wanted=3, probe_seconds=30
         )
         assert tokens.granted == 3
         claimed = await deliveries.claim(conn, "a", 3, lease_seconds=30, token=token)
-        await deliveries.give_back(conn, "a", 3 - len(claimed), burst=10)
+        await webhook_endpoints.give_back(conn, "a", 3 - len(claimed), burst=10, probe=True)
         assert await deliveries.delivered(conn, "a", claimed[0].id, token=token)
         assert await deliveries.put_off(
             conn, claimed[1].id, token=token, seconds=60, status=503, error_class="x"
@@ -457,7 +458,7 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
             reservation_id=claimed[2].reservation_id,
             hold_until=claimed[2].hold_until,
             error_class="webhook.rejected",
-            give_up="permanent",
+            give_up="attempts-exhausted",
             reason="endpoint a: HTTP 400",
             attempts=1,
             first_seen=datetime.now(UTC),
@@ -468,10 +469,19 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
         assert await deliveries.kill(
             conn, claimed[2].id, token=token, status=400, dead_letter=record, owner=rule
         )
-        assert await deliveries.failed(conn, "b", pause_after=1, first=30, cap=60)
-        await deliveries.answered(conn, "b")
+        assert await webhook_endpoints.failed(conn, "b", pause_after=1, first=30, cap=60)
+        await webhook_endpoints.hold(conn, "b", 5.0)
+        assert await webhook_endpoints.disable(conn, "b")
+        enabled = await webhook_endpoints.enable(conn, "b")
+        assert (enabled.registered, enabled.disabled_at is not None, enabled.pending) == (
+            True,
+            True,
+            3,
+        )
     async with connected_as(stack.database_url, OPERATOR) as conn:
-        backlog = {row.endpoint: (row.pending, row.dead) for row in await deliveries.backlog(conn)}
+        backlog = {
+            row.endpoint: (row.pending, row.dead) for row in await webhook_endpoints.backlog(conn)
+        }
         assert backlog == {"a": (1, 1), "b": (3, 0)}
         assert await deliveries.revive(conn, "a", claimed[2].message_id)
         owner = await conn.fetchval("SELECT owner FROM dead_letters")
@@ -702,7 +712,7 @@ CANNOT = {
         "UPDATE webhook_deliveries SET message_id = 'x'",
         "UPDATE webhook_deliveries SET endpoint = 'x'",
         f"UPDATE webhook_deliveries SET reservation_id = {NIL}",
-        "UPDATE webhook_deliveries SET since = now()",
+        "UPDATE webhook_deliveries SET created_at = now()",  # since: --enable may move it
         "TRUNCATE webhook_deliveries",
         "DELETE FROM schema_migrations",
         "CREATE TABLE public.intruder (id int)",
@@ -819,11 +829,11 @@ GRANTS = {
     (DELIVER, "webhook_endpoints", "DELETE"): EVERY_COLUMN,
     (DELIVER, "webhook_endpoints", "INSERT"): "name",
     (DELIVER, "webhook_endpoints", "UPDATE"): "seen_at tokens tokens_at failures paused_until "
-    "probing_until pauses",
+    "probing_until pauses held_until disabled_at",
     (DELIVER, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
     (DELIVER, "webhook_deliveries", "DELETE"): EVERY_COLUMN,
     (DELIVER, "webhook_deliveries", "UPDATE"): (
-        "next_at attempts lease_until lease_token last_status last_error dead"
+        "next_at attempts lease_until lease_token last_status last_error dead since"
     ),
     (DELIVER, "dead_letters", "SELECT"): (
         "id message_id status times_dead error_class give_up reason attempts first_seen "

@@ -17,6 +17,7 @@ import pytest
 
 from service.adapters import postgres
 from service.adapters.postgres import deliveries as rows
+from service.adapters.postgres import webhook_endpoints
 from service.adapters.postgres.pool import Connection
 from service.core import webhook_policy
 from tests.events_support import insert_events
@@ -96,38 +97,43 @@ async def test_a_429_waits_for_its_retry_after(stack: Stack) -> None:
     assert second.at - first.at >= 2.0
 
 
-async def test_a_400_is_a_dead_letter_with_its_status_and_no_body(stack: Stack) -> None:
-    """400: one attempt, a dead letter of class webhook.rejected naming the endpoint and
-    the status; neither the response's body nor the secret nor the URL is kept."""
+async def test_a_400_is_tried_again_and_dead_only_out_of_attempts_without_its_body(
+    stack: Stack,
+) -> None:
+    """400 every time: tried again (a failure like any other), then, out of attempts, a
+    dead letter of class webhook.rejected naming the endpoint and the status; neither the
+    response's body nor the secret nor the URL is kept."""
     async with receiving([Reply(400)]) as receiver:
         endpoint = receiver.endpoint()
-        stack = delivering(stack, endpoint)
+        stack = delivering(stack, endpoint, webhook_max_attempts=2)
         await register(stack)
         [event] = await insert_events(stack, 1)
         async with running_deliverer(stack):
             [record] = await _dead(stack, 1)
-    assert receiver.ids() == [event]
+    assert receiver.ids() == [event, event]
     assert record["error_class"] == webhook_policy.REJECTED
-    assert record["give_up"] == webhook_policy.PERMANENT
+    assert record["give_up"] == webhook_policy.ATTEMPTS_EXHAUSTED
     assert record["message_id"] == webhook_policy.dead_letter_key("orders", event)
     assert str(record["reason"]) == "endpoint orders: HTTP 400"
     kept = as_text(await dead_letters(stack)) + as_text(await deliveries(stack))
-    for secret in (BODY_SECRET, endpoint.secret.get_secret_value(), endpoint.url):
+    for secret in (BODY_SECRET, endpoint.secret[0].get_secret_value(), endpoint.url):
         assert secret not in kept
     [row] = await deliveries(stack)
     assert (row["dead"], row["last_status"]) == (True, 400)
 
 
-async def test_a_redirect_is_not_followed(stack: Stack) -> None:
-    """302 to another path: one request, never the redirect's target; dead, permanent."""
+async def test_a_redirect_is_not_followed_but_tried_again(stack: Stack) -> None:
+    """302 to another path: never the redirect's target, a failure tried again at the
+    endpoint's URL, which then delivers it."""
     async with receiving([Reply(302, {"location": "/elsewhere"}), Reply(200)]) as receiver:
         stack = delivering(stack, receiver.endpoint())
         await register(stack)
-        await insert_events(stack, 1)
+        [event] = await insert_events(stack, 1)
         async with running_deliverer(stack):
-            [record] = await _dead(stack, 1)
-    assert [request.path for request in receiver.received] == ["/hook"]
-    assert record["error_class"] == webhook_policy.REDIRECTED
+            await _delivered_all(stack)
+    assert [request.path for request in receiver.received] == ["/hook", "/hook"]
+    assert receiver.ids() == [event, event]
+    assert await dead_letters(stack) == []
 
 
 @pytest.mark.parametrize(
@@ -139,11 +145,12 @@ async def test_a_redirect_is_not_followed(stack: Stack) -> None:
     ],
 )
 async def test_an_address_not_allowed_is_refused(stack: Stack, url: str, allow: list[str]) -> None:
-    """The receiver on the loopback, which the endpoint does not allow: no connection is
-    made to it, and the delivery is a dead letter at once (webhook.not-allowed)."""
+    """The receiver on the loopback, which the endpoint does not allow: no request reaches
+    it, and the delivery, out of attempts (one here), is a dead letter of class
+    webhook.not-allowed."""
     async with receiving() as receiver:
         endpoint = receiver.endpoint(url=url.format(port=receiver.port), allow_networks=allow)
-        stack = delivering(stack, endpoint)
+        stack = delivering(stack, endpoint, webhook_max_attempts=1)
         await register(stack)
         await insert_events(stack, 1)
         async with running_deliverer(stack):
@@ -230,12 +237,12 @@ async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
 
 
 async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
-    """400, dead; replayed by an operator with the command (as expiry_operator, audited,
-    no broker reachable: none is needed);
-    the receiver now answers 200: the event arrives again with its webhook-id, and the
-    dead letter reads replayed."""
+    """400, dead (out of its one attempt); replayed by an operator with the command (as
+    expiry_operator, audited, no broker reachable: none is needed); the receiver now
+    answers 200: the event arrives again with its webhook-id, and the dead letter reads
+    replayed."""
     async with receiving([Reply(400), Reply(200)]) as receiver:
-        stack = delivering(stack, receiver.endpoint())
+        stack = delivering(stack, receiver.endpoint(), webhook_max_attempts=1)
         await register(stack)
         [event] = await insert_events(stack, 1)
         async with running_deliverer(stack):
@@ -281,10 +288,12 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
     pause = 30.0
 
     async def fail(conn: Connection) -> bool:
-        return await rows.failed(conn, "orders", pause_after=2, first=pause, cap=10 * pause)
+        return await webhook_endpoints.failed(
+            conn, "orders", pause_after=2, first=pause, cap=10 * pause
+        )
 
-    async def take(conn: Connection) -> rows.Tokens:
-        return await rows.take_tokens(
+    async def take(conn: Connection) -> webhook_endpoints.Tokens:
+        return await webhook_endpoints.take_tokens(
             conn, "orders", rate=1_000_000, burst=10, wanted=5, probe_seconds=30
         )
 
@@ -299,10 +308,10 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
         pauses = await conn.fetchval("SELECT pauses FROM webhook_endpoints")
         assert pauses == 1
         took = await take(conn)
-        assert (took.granted, took.paused > 0) == (0, True)
+        assert (took.granted, took.wait > 0, took.probe) == (0, True, False)
         await pause_ends(conn)
         probe = await take(conn)
-        assert probe.granted == 1  # the probe, alone
+        assert (probe.granted, probe.wait, probe.probe) == (1, 0.0, True)  # alone, now
         other = await take(conn)
         assert other.granted == 0  # nobody else while it is out
         before = await conn.fetchval("SELECT clock_timestamp()")
@@ -319,7 +328,14 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
         assert row["left"] <= 2 * pause <= row["since"]
         await pause_ends(conn)
         probe = await take(conn)
-        assert probe.granted == 1
-        await rows.answered(conn, "orders")  # answered: the pause is over
+        assert (probe.granted, probe.probe) == (1, True)
+        await webhook_endpoints.give_back(conn, "orders", 1, burst=10, probe=True)
+        again = await take(conn)  # a probe that found nothing to send was given back
+        assert (again.granted, again.probe) == (1, True)
+        [event] = await insert_events(stack, 1)
+        token = uuid.uuid4()
+        [claimed] = await rows.claim(conn, "orders", 1, lease_seconds=30, token=token)
+        assert claimed.message_id == event
+        assert await rows.delivered(conn, "orders", claimed.id, token=token)  # 2xx: over
         after = await take(conn)
-        assert (after.granted, after.paused) == (5, 0.0)
+        assert (after.granted, after.wait, after.probe) == (5, 0.0, False)

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from service.adapters.postgres.deliveries import EndpointBacklog
 from service.adapters.postgres.leases import ScanPass
 from service.adapters.postgres.outbox import Pending
+from service.adapters.postgres.webhook_endpoints import EndpointBacklog
 from service.adapters.telemetry.readings import Backlog
-from service.ops.health import Condition, QueueState, Status
+from service.ops.conditions import Condition
+from service.ops.health import QueueState, Status
 from service.ops.screen import as_json, dead_letter_note, pass_rows, queue_rows, render
 
 STALL = 25.0
@@ -345,6 +346,27 @@ def test_webhook_endpoints_behind_or_paused_are_said_with_what_to_do() -> None:
         "dead": 1,
         "oldest_age": 900.0,
         "paused_for": 40.0,
+        "disabled_at": None,
         "objective_seconds": 300.0,
     }
     assert as_json(_well())["webhooks"] is None
+
+
+def test_a_disabled_webhook_endpoint_is_said_with_since_when_and_how_to_enable_it() -> None:
+    """An endpoint that answered 410 Gone: degraded (exit 4), since when, that its
+    deliveries wait without ageing, and the command that enables it; in the JSON too."""
+    since = datetime(2026, 12, 6, 7, 0, tzinfo=UTC)
+    gone = EndpointBacklog(
+        "orders", pending=12, dead=0, oldest_age=30.0, paused_for=0.0, disabled_at=since
+    )
+    status = _well(webhooks=[gone], webhook_objective_seconds=300.0)
+    [problem] = status.problems
+    assert (problem.condition, problem.exit_code) == (Condition.WEBHOOK_DISABLED, 4)
+    assert problem.summary == (
+        "webhook endpoint orders is disabled since 2026-12-06T07:00:00+00:00: it answered 410 Gone"
+    )
+    assert "12 delivery(ies) wait" in problem.meaning
+    assert "python -m service.deliver --enable orders" in problem.todo
+    assert "DISABLED (410 Gone) since 2026-12-06 07:00:00+0000" in render(status)
+    [shown] = json.loads(json.dumps(as_json(status)))["webhooks"]
+    assert shown["disabled_at"] == "2026-12-06T07:00:00+00:00"

@@ -5,9 +5,11 @@ Standard Webhooks library verifies it."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ipaddress
 import json
+import socket
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -33,21 +35,29 @@ NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
         (429, Verdict.RETRY, webhook_policy.RATE_LIMITED),
         (500, Verdict.RETRY, webhook_policy.UNAVAILABLE),
         (503, Verdict.RETRY, webhook_policy.UNAVAILABLE),
-        (301, Verdict.PERMANENT, webhook_policy.REDIRECTED),
-        (302, Verdict.PERMANENT, webhook_policy.REDIRECTED),
-        (307, Verdict.PERMANENT, webhook_policy.REDIRECTED),
-        (400, Verdict.PERMANENT, webhook_policy.REJECTED),
-        (401, Verdict.PERMANENT, webhook_policy.REJECTED),
-        (404, Verdict.PERMANENT, webhook_policy.REJECTED),
-        (410, Verdict.PERMANENT, webhook_policy.REJECTED),
-        (422, Verdict.PERMANENT, webhook_policy.REJECTED),
+        (301, Verdict.RETRY, webhook_policy.REDIRECTED),
+        (302, Verdict.RETRY, webhook_policy.REDIRECTED),
+        (307, Verdict.RETRY, webhook_policy.REDIRECTED),
+        (400, Verdict.RETRY, webhook_policy.REJECTED),
+        (401, Verdict.RETRY, webhook_policy.REJECTED),
+        (404, Verdict.RETRY, webhook_policy.REJECTED),
+        (422, Verdict.RETRY, webhook_policy.REJECTED),
+        (410, Verdict.GONE, webhook_policy.GONE),
     ],
 )
 def test_each_status_means_what_the_contract_says(
     status: int, verdict: Verdict, error_class: str | None
 ) -> None:
-    answer = webhook_policy.of_status(status)
+    """A 2xx is delivered, 410 disables the endpoint, and every other status is a failure
+    tried again (the Standard Webhooks specification), with the Retry-After it came with."""
+    answer = webhook_policy.of_status(status, retry_after=7.0)
     assert (answer.verdict, answer.error_class, answer.status) == (verdict, error_class, status)
+    assert answer.retry_after == (7.0 if verdict is Verdict.RETRY else None)
+
+
+def test_a_destination_not_allowed_is_a_failure_tried_again() -> None:
+    answer = webhook_policy.not_allowed("an address not allowed")
+    assert (answer.verdict, answer.error_class) == (Verdict.RETRY, webhook_policy.NOT_ALLOWED)
 
 
 @pytest.mark.parametrize(
@@ -87,9 +97,15 @@ def test_the_backoff_doubles_with_jitter_up_to_its_cap(draw: float) -> None:
         assert step / 2 <= delay <= step
 
 
-def test_a_retry_after_wins_up_to_its_cap() -> None:
+def test_a_retry_after_is_the_least_wait_up_to_its_cap_and_holds_the_endpoint() -> None:
+    """The next attempt comes no sooner than the backoff nor than the Retry-After (up to
+    its cap), whichever is longer; the endpoint is held back for the Retry-After."""
     assert POLICY.delay(1, webhook_policy.of_status(429, 2.0), lambda: 0.0) == 2.0
     assert POLICY.delay(1, webhook_policy.of_status(429, 3600.0), lambda: 0.0) == 30.0
+    assert POLICY.delay(5, webhook_policy.of_status(503, 1.0), lambda: 1.0) == 8.0  # backoff
+    assert POLICY.hold(webhook_policy.of_status(429, 2.0)) == 2.0
+    assert POLICY.hold(webhook_policy.of_status(429, 3600.0)) == 30.0
+    assert POLICY.hold(webhook_policy.of_status(503)) == 0.0
 
 
 def test_a_delivery_gives_up_out_of_attempts_or_of_age() -> None:
@@ -130,6 +146,13 @@ def _environment(monkeypatch: pytest.MonkeyPatch, endpoints: object) -> None:
             "rate_per_second",
         ),
         ({"name": "x", "url": "https://h/", "secret": SECRET, "colour": 1}, "colour: Extra"),
+        (
+            {"name": "x", "url": "https://h/", "secret": [SECRET, "whsec_c2hvcnQ="]},
+            "secret: must be",
+        ),
+        ({"name": "x", "url": "https://h/", "secret": [SECRET, SECRET]}, "the same secret"),
+        ({"name": "x", "url": "https://h/", "secret": []}, "a list of 1 to 5 secrets"),
+        ({"name": "x", "url": "https://h/", "secret": [SECRET] * 6}, "a list of 1 to 5"),
     ],
 )
 def test_a_bad_endpoint_is_refused_in_one_line_without_its_secret(
@@ -248,6 +271,25 @@ async def test_the_signature_verifies_with_the_library() -> None:
         Webhook(SECRET).verify(body, stale)
 
 
+async def test_each_secret_of_a_rotation_signs_and_either_verifies() -> None:
+    """A list of secrets (a rotation): one v1 signature per secret, space-separated, and
+    a receiver that knows either one verifies it (the library's own verifier)."""
+    new = "whsec_" + base64.b64encode(b"n" * 32).decode()
+    sender = Sender(_endpoint(secret=[SECRET, new]), concurrency=1)
+    try:
+        body = b'{"event":"reservation.expired"}'
+        headers = sender.headers("expired:abc:1", body, datetime.now(UTC))
+    finally:
+        await sender.close()
+    signatures = headers["webhook-signature"].split(" ")
+    assert [signature[:3] for signature in signatures] == ["v1,", "v1,"]
+    Webhook(SECRET).verify(body, headers)  # the receiver not rotated yet
+    Webhook(new).verify(body, headers)  # the receiver already rotated
+    other = "whsec_" + base64.b64encode(b"o" * 32).decode()
+    with pytest.raises(Exception, match="No matching signature"):
+        Webhook(other).verify(body, headers)
+
+
 def test_settings_show_no_secret() -> None:
     settings = Settings(webhooks=(_endpoint(),))
     assert SECRET not in repr(settings)
@@ -263,10 +305,68 @@ async def test_an_attempt_that_fails_otherwise_is_retried_within_its_budget() ->
     def broken(*_args: object, **_kwargs: object) -> object:
         raise RuntimeError("something unforeseen")
 
-    sender._client.stream = broken  # type: ignore[method-assign,assignment]
+    sender._pool.stream = broken  # type: ignore[method-assign,assignment]
     try:
         answer = await sender.post("expired:abc:1", b"{}", datetime.now(UTC))
     finally:
         await sender.close()
     assert (answer.verdict, answer.error_class) == (Verdict.RETRY, webhook_policy.UNREACHABLE)
     assert answer.reason == "connection failed (RuntimeError)"
+
+
+@pytest.mark.parametrize(
+    ("host", "allow"),
+    [
+        ("localhost", []),  # a name that resolves to the loopback, which is not allowed
+        ("127.0.0.1", []),  # the address itself
+        ("127.0.0.1", ["10.0.0.0/8"]),  # another range allowed
+    ],
+)
+async def test_no_connection_is_ever_opened_to_an_address_not_allowed(
+    host: str, allow: list[str]
+) -> None:
+    """A listening socket on the loopback behind an endpoint that may not reach it: the
+    attempt is refused (webhook.not-allowed) and the socket never sees a connection, not
+    even one opened to pick an address and closed (a port scanner's oracle)."""
+    trap = socket.create_server(("127.0.0.1", 0))
+    trap.settimeout(0.5)
+    url = f"https://{host}:{trap.getsockname()[1]}/hook"
+    sender = Sender(_endpoint(url, allow_networks=allow), concurrency=1)
+    try:
+        answer = await sender.post("expired:abc:1", b"{}", datetime.now(UTC))
+        with pytest.raises(TimeoutError):
+            trap.accept()  # nothing ever knocked
+    finally:
+        await sender.close()
+        trap.close()
+    assert (answer.verdict, answer.error_class) == (Verdict.RETRY, webhook_policy.NOT_ALLOWED)
+
+
+async def test_an_allowed_address_is_connected_to_and_the_answer_read() -> None:
+    """The same loopback, allowed: the request arrives there (to the URL's path, with its
+    Host and the signature headers), and the answer's status is what it said."""
+    received: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://user:p%40ss@localhost:{port}/hook?x=1"
+    sender = Sender(_endpoint(url, allow_networks=["127.0.0.0/8"]), concurrency=1)
+    try:
+        got = await sender.post("expired:abc:1", b"{}", datetime.now(UTC))
+    finally:
+        await sender.close()
+        server.close()
+    assert (got.verdict, got.status, got.retry_after) == (Verdict.RETRY, 503, 7.0)
+    [head] = received
+    assert head.startswith(b"POST /hook?x=1 HTTP/1.1\r\n")
+    assert f"host: localhost:{port}\r\n".encode() in head.lower()
+    assert b"authorization: basic dxnlcjpwqhnz" in head.lower()  # user:p@ss
+    assert b"webhook-signature: v1," in head.lower()

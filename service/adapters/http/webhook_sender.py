@@ -1,28 +1,32 @@
 """POSTing one event to one endpoint: signed (Standard Webhooks, with the
-``standardwebhooks`` library), with the SSRF guard at every connection
-(``httpx-secure``), redirects never followed, TLS verified, the response's body never
-read beyond a small bound and never kept.
+``standardwebhooks`` library, by every secret of the endpoint), through ``httpcore``'s
+connection pool over the SSRF guard (``guarded_network.py``), redirects never followed
+(``httpcore`` follows none), no proxy from the environment, TLS verified, the response's
+body never read beyond a small bound and never kept.
 
-The guard runs when a connection opens, on the address it opens to (the name is
-resolved once and the connection made to that very address: a name that resolves
-elsewhere later cannot slip through): only the URL's own host, on the allow-list
-(``EXPIRY_WEBHOOK_ALLOWED_HOSTS``) when there is one, and only a public address or one
-in the endpoint's ``allow_networks``; ``http://`` only to the latter.
+The guard runs when a connection opens: the name is resolved, and the connection made
+only to an address allowed, never to another (a name that resolves elsewhere later
+cannot slip through, and nothing is opened to a refused address): only the URL's own
+host, on the allow-list (``EXPIRY_WEBHOOK_ALLOWED_HOSTS``) when there is one, and only
+a public address or one in the endpoint's ``allow_networks``; ``http://`` only to the
+latter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import ssl
 from datetime import datetime
 from typing import Final
+from urllib.parse import unquote, urlsplit
 
 import certifi
-import httpx
-from httpx_secure import SSRFProtectionError, httpx_ssrf_protection
+import httpcore
 from standardwebhooks.webhooks import Webhook
 
+from service.adapters.http.guarded_network import GuardedBackend, NotAllowed
 from service.core import webhook_policy
 from service.core.webhook_policy import Answer
 from service.settings import Endpoint
@@ -32,7 +36,6 @@ from service.settings.endpoints import host_allowed
 # for a small answer to leave the connection reusable; the bytes are thrown away.
 BODY_READ_LIMIT: Final = 64 * 1024
 USER_AGENT: Final = "expiry-service webhooks"
-DNS_CACHE_SECONDS: Final = 30.0
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -81,26 +84,21 @@ class Sender:
         self, endpoint: Endpoint, *, concurrency: int, hosts: tuple[str, ...] = ()
     ) -> None:
         self.endpoint = endpoint
-        self._signer = Webhook(endpoint.secret.get_secret_value())
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(endpoint.timeout_seconds),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-            follow_redirects=False,
-            trust_env=False,  # no proxy from the environment: the guard sees the real peer
-            verify=trust(),
-            headers={"user-agent": USER_AGENT},
-        )
-        httpx_ssrf_protection(
-            self._client,
-            check_globally_reachable=False,  # ours decides: allow_networks may widen it
-            # A name's address (or its refusal) is kept this long: a DNS change shows soon.
-            dns_cache_ttl=DNS_CACHE_SECONDS,
-            custom_validator=lambda host, address, _port: allowed(endpoint, host, address, hosts),
+        # Every secret signs (a rotation: the receiver accepts either, Standard Webhooks).
+        self._signers = [Webhook(secret.get_secret_value()) for secret in endpoint.secret]
+        self._url, self._fixed = _target(endpoint.url)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=trust(),
+            max_connections=concurrency,
+            max_keepalive_connections=concurrency,
+            network_backend=GuardedBackend(
+                lambda host, address: allowed(endpoint, host, address, hosts)
+            ),
         )
 
     async def close(self) -> None:
         """Close the connections."""
-        await self._client.aclose()
+        await self._pool.aclose()
 
     def headers(self, message_id: str, body: bytes, now: datetime) -> dict[str, str]:
         """The Standard Webhooks headers of one attempt."""
@@ -108,43 +106,62 @@ class Sender:
             "content-type": "application/json",
             "webhook-id": message_id,
             "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": self._signer.sign(message_id, now, body),
+            "webhook-signature": " ".join(
+                signer.sign(message_id, now, body) for signer in self._signers
+            ),
         }
 
     async def post(self, message_id: str, body: bytes, now: datetime) -> Answer:
         """One attempt: the answer, from the status and ``Retry-After`` only."""
         timeout = self.endpoint.timeout_seconds
+        headers = [*self._fixed.items(), *self.headers(message_id, body, now).items()]
         try:
             # The whole attempt, not each read: a trickling answer times out too.
             async with (
                 asyncio.timeout(timeout),
-                self._client.stream(
-                    "POST",
-                    self.endpoint.url,
-                    content=body,
-                    headers=self.headers(message_id, body, now),
-                ) as response,
+                self._pool.stream("POST", self._url, headers=headers, content=body) as response,
             ):
                 await _drain(response)
                 retry_after = webhook_policy.retry_after_seconds(
-                    response.headers.get("retry-after"), now
+                    _header(response, b"retry-after"), now
                 )
-                return webhook_policy.of_status(response.status_code, retry_after)
-        except SSRFProtectionError:
+                return webhook_policy.of_status(response.status, retry_after)
+        except NotAllowed:
             return webhook_policy.not_allowed("not the endpoint's host, or an address not allowed")
-        except (httpx.TimeoutException, TimeoutError):
+        except (httpcore.TimeoutException, TimeoutError):
             return webhook_policy.timed_out(timeout)
-        except httpx.TransportError as exc:
-            return webhook_policy.unreachable(type(exc).__name__)
-        except Exception as exc:  # whatever else fails an attempt counts against its budget
-            return webhook_policy.unreachable(type(exc).__name__)
+        except Exception as exc:  # the network's, or whatever else fails an attempt: it
+            return webhook_policy.unreachable(type(exc).__name__)  # counts against its budget
 
 
-async def _drain(response: httpx.Response) -> None:
+def _target(url: str) -> tuple[str, dict[str, str]]:
+    """The URL to send to (without its credentials) and the headers it implies: its Host
+    (an IPv6 address in brackets), and Basic authentication from its credentials."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    headers = {"host": netloc, "user-agent": USER_AGENT}
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+    return parts._replace(netloc=netloc).geturl(), headers
+
+
+def _header(response: httpcore.Response, name: bytes) -> str | None:
+    """A response header's value (the first), or None."""
+    for key, value in response.headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _drain(response: httpcore.Response) -> None:
     """Read (and drop) a small body so that the connection can serve again; past the
     bound, stop: closing the response then closes its connection."""
     read = 0
-    async for chunk in response.aiter_raw():
+    async for chunk in response.aiter_stream():
         read += len(chunk)
         if read > BODY_READ_LIMIT:
             return

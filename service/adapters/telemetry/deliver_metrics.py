@@ -15,7 +15,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from prometheus_client.registry import CollectorRegistry
 
-from service.adapters.postgres.deliveries import EndpointBacklog
+from service.adapters.postgres.webhook_endpoints import EndpointBacklog
 from service.adapters.telemetry import histograms
 
 ATTEMPT_BOUNDARIES = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -41,7 +41,8 @@ BACKLOG_GAUGES: tuple[tuple[str, str, str, Callable[[EndpointBacklog], float]], 
     (
         "expiry.webhook.oldest_pending_age",
         "s",
-        "Since the oldest pending delivery's event was written (0: none pending)",
+        "Since the oldest pending delivery's age budget began: its event's writing, or its "
+        "replay (0: none pending)",
         lambda b: b.oldest_age,
     ),
     (
@@ -95,6 +96,12 @@ class DeliverMetrics:
             unit="1",
             description="1 while the endpoint is paused after failures in a row",
         )
+        meter.create_observable_gauge(
+            "expiry.webhook.disabled",
+            callbacks=[self._observe_disabled],
+            unit="1",
+            description="1 while the endpoint is disabled (it answered 410 Gone)",
+        )
         for name, unit, description, read in BACKLOG_GAUGES:
             meter.create_observable_gauge(
                 name, callbacks=[self._observer(read)], unit=unit, description=description
@@ -141,6 +148,11 @@ class DeliverMetrics:
     def _observe_paused(self, _options: CallbackOptions) -> Iterable[Observation]:
         for backlog in self.backlogs:  # the database's word, shared by every deliverer
             yield Observation(1 if backlog.paused_for > 0 else 0, {"endpoint": backlog.endpoint})
+
+    def _observe_disabled(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for backlog in self.backlogs:
+            disabled = backlog.disabled_at is not None
+            yield Observation(1 if disabled else 0, {"endpoint": backlog.endpoint})
 
     def _observe_last_success(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.last_success is not None:
