@@ -18,17 +18,23 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+import asyncpg
+
 from service.adapters import postgres
 from service.adapters.http.server import serving
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.postgres.schema import require_current_schema
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
-from service.core.errors import UsageError
+from service.core.errors import ServiceError, UsageError
 from service.deliver.courier import Courier
 from service.settings import Settings
 
 log = logging.getLogger("service.deliver")
+
+
+class RetireBusy(ServiceError):
+    """The endpoints' table could not be had alone within the lock timeout."""
 
 # A claim outlives its attempt by this much at least (the settle's round trip).
 LEASE_MARGIN_SECONDS = 5.0
@@ -115,8 +121,14 @@ async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str
         if not yes:
             say("nothing done: --yes retires it (its dead letters stay)")
             return 0
-        async with conn.transaction():
-            _, pending, dead = await endpoints.retire(conn, name)
+        try:
+            async with conn.transaction():
+                _, pending, dead = await endpoints.retire(conn, name)
+        except asyncpg.LockNotAvailableError:
+            raise RetireBusy(
+                "expiries kept the endpoints' table past EXPIRY_LOCK_TIMEOUT_MS "
+                f"({settings.lock_timeout_ms} ms); nothing was retired: run it again"
+            ) from None
     say(
         f"retired endpoint {name}: {pending} pending and {dead} dead deliveries deleted; no "
         "delivery is written for it any more (a deliverer started with it registers it again)"

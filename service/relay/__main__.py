@@ -10,11 +10,12 @@ import argparse
 
 from service.adapters.telemetry.relay_metrics import RelayMetrics
 from service.cli import run_command, serve_until_stopped
-from service.relay.running import run
+from service.relay.running import check_settings, run
 from service.settings import Settings
 
 
 async def _main(settings: Settings, _args: argparse.Namespace) -> int:
+    check_settings(settings)  # before telemetry starts: a refusal is one line
     return await serve_until_stopped(
         settings,
         "relay",

@@ -26,6 +26,7 @@ from service.adapters.http.server import serving
 from service.adapters.postgres.schema import require_current_schema
 from service.adapters.telemetry import recorder_for
 from service.adapters.telemetry.relay_metrics import RelayMetrics
+from service.core.errors import UsageError
 from service.core.events import EVENT
 from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, events_topology
 from service.relay.exit_points import exits_for
@@ -38,6 +39,21 @@ log = logging.getLogger("service.relay")
 # Claims and marks take turns on one connection; the other answers /readyz.
 POOL_SIZE = 2
 READINESS_TIMEOUT_SECONDS = 2.0
+# A claim outlives its batch's publish by this much at least (the mark's round trip).
+LEASE_MARGIN_SECONDS = 5.0
+
+
+def check_settings(settings: Settings) -> None:
+    """Refuse, in one line naming the setting, a claim that a publish may outlive: its
+    events would be claimed and published again by another relay while this one still
+    waits for their confirms."""
+    lease, publish = settings.relay_lease_seconds, settings.publish_timeout_seconds
+    if publish + LEASE_MARGIN_SECONDS > lease:
+        raise UsageError(
+            f"EXPIRY_RELAY_LEASE_SECONDS ({lease:g}) must exceed EXPIRY_PUBLISH_TIMEOUT_SECONDS "
+            f"({publish:g}) by {LEASE_MARGIN_SECONDS:g} s at least: a batch's claim must "
+            "outlive its publish"
+        )
 
 
 async def run(
@@ -45,6 +61,7 @@ async def run(
 ) -> Pump:
     """Relay events until ``stop`` is set; finish the batch in hand, close, and return the
     pump (what it did: ``pump.ledger``)."""
+    check_settings(settings)
     metrics = metrics or RelayMetrics()
     async with contextlib.AsyncExitStack() as opened:
         pool = await opened.enter_async_context(

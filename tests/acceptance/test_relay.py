@@ -157,3 +157,16 @@ async def test_it_refuses_to_start_on_a_database_not_migrated(stack: support.Sta
     result = await asyncio.to_thread(run, RELAY, env=stack.env())
     assert result.returncode == 5, result.stderr
     assert "python -m service.migrate" in result.stderr
+
+
+async def test_it_refuses_a_claim_its_publish_may_outlive(stack: support.Stack) -> None:
+    """EXPIRY_RELAY_LEASE_SECONDS not 5 s longer than EXPIRY_PUBLISH_TIMEOUT_SECONDS: one
+    line naming both, exit 2, before anything is opened."""
+    env = stack.env(EXPIRY_RELAY_LEASE_SECONDS="12", EXPIRY_PUBLISH_TIMEOUT_SECONDS="10")
+    result = await asyncio.to_thread(run, RELAY, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "python -m service.relay: refused: EXPIRY_RELAY_LEASE_SECONDS (12) must exceed "
+        "EXPIRY_PUBLISH_TIMEOUT_SECONDS (10) by 5 s at least: a batch's claim must outlive "
+        "its publish"
+    )

@@ -20,7 +20,8 @@ from service.adapters.postgres import deliveries as rows
 from service.adapters.postgres import webhook_endpoints
 from service.adapters.postgres.pool import Connection
 from service.core import webhook_policy
-from tests.events_support import insert_events
+from service.deliver.deliverer import retire
+from tests.events_support import INSERT_EVENTS, insert_events
 from tests.support import Stack, as_role, eventually, pg_connection, run_module
 from tests.webhook_support import (
     BODY_SECRET,
@@ -339,3 +340,27 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
         assert await rows.delivered(conn, "orders", claimed.id, token=token)  # 2xx: over
         after = await take(conn)
         assert (after.granted, after.wait, after.probe) == (5, 0.0, False)
+
+
+async def test_a_retire_waits_for_an_expiry_in_flight_and_leaves_no_delivery_behind(
+    stack: Stack,
+) -> None:
+    """An expiry's transaction has written its event (and its trigger a delivery per
+    endpoint) and not committed yet: --retire waits for it, then deletes that delivery
+    too; an expiry after the retire writes none for the endpoint."""
+    endpoint = Receiver(new_secret(), port=9).endpoint("gone")
+    stack = delivering(stack, endpoint, lock_timeout_ms=30_000)  # waits, whatever the load
+    await register(stack)
+    async with pg_connection(stack.database_url) as expiry:
+        in_flight = expiry.transaction()
+        await in_flight.start()
+        await expiry.fetch(INSERT_EVENTS, 1, None)  # the trigger read the endpoints
+        said: list[str] = []
+        retiring = asyncio.create_task(retire(stack.settings, "gone", yes=True, say=said.append))
+        await asyncio.sleep(0.5)
+        assert not retiring.done()  # it waits for the expiry in flight
+        await in_flight.commit()
+        assert await retiring == 0
+    assert said[-1].startswith("retired endpoint gone: 1 pending and 0 dead deliveries deleted")
+    await insert_events(stack, 1)
+    assert await deliveries(stack) == []

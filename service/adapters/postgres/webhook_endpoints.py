@@ -138,6 +138,11 @@ SELECT (SELECT count(*) FROM was) AS registered, (SELECT disabled_at FROM was) A
        (SELECT count(*) FROM due) AS pending
 """
 
+# Retiring takes the endpoints' table alone for its transaction: an expiry whose trigger
+# read the names (it writes a delivery per endpoint) commits first, and one after reads
+# them without this endpoint, so that no delivery is left behind for an endpoint gone.
+LOCK_ALL = "LOCK TABLE webhook_endpoints IN ACCESS EXCLUSIVE MODE"
+
 # Retiring an endpoint: no delivery is written for it any more, and its deliveries go.
 RETIRE = """
 WITH endpoint AS (
@@ -256,8 +261,10 @@ async def enable(conn: Connection, endpoint: str) -> Enabled:
 
 
 async def retire(conn: Connection, endpoint: str) -> tuple[int, int, int]:
-    """The endpoint unregistered and its deliveries deleted: (registered, pending, dead)
-    as they were."""
+    """The endpoint unregistered and its deliveries deleted, in the caller's transaction
+    once the expiries in flight have committed (waiting at most the lock timeout):
+    (registered, pending, dead) as they were."""
+    await conn.execute(LOCK_ALL)
     row = await conn.fetchrow(RETIRE, endpoint)
     assert row is not None
     return row["registered"], row["pending"], row["dead"]
