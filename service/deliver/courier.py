@@ -18,11 +18,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 from service.adapters import postgres
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import deliveries as rows
 from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
+from service.adapters.telemetry.propagation import carrier_for, parent_of, unsampled
+from service.adapters.telemetry.recording import Recorder
 from service.core.events import event_body
 from service.deliver.bookkeeping import Bookkeeper
 from service.settings import Endpoint, Settings
@@ -54,6 +59,8 @@ class Courier:
     metrics: DeliverMetrics
     token: UUID = field(default_factory=uuid4)  # this deliverer's claims
     rng: Callable[[], float] = random.random
+    recorder: Recorder | None = None  # a span per attempt of a traced expiry (None: none)
+    follows_head: bool = True  # an unsampled expiry's attempts get no span (tracing.py)
     in_flight: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -140,11 +147,15 @@ class Courier:
 
     async def _deliver(self, delivery: rows.Delivery) -> None:
         body = event_body(delivery.reservation_id, delivery.hold_until, delivery.expired_at)
+        span = self._attempt_span(delivery)
+        carried = _carried(span, delivery.traceparent)
         started = time.monotonic()
-        answer = await self.sender.post(delivery.message_id, body, datetime.now(UTC))
+        answer = await self.sender.post(delivery.message_id, body, datetime.now(UTC), carried)
         self.metrics.attempt(
             self.name, answer.error_class or "delivered", time.monotonic() - started
         )
+        if span is not None:
+            _ended(span, answer.status, answer.error_class, answer.reason)
         try:
             settled = await self.books.settle(delivery, answer)
         except Exception as exc:  # the lease lapses: delivered again by the next claim
@@ -160,6 +171,48 @@ class Courier:
             )
         if not settled:
             self.metrics.lapsed.add(1, {"endpoint": self.name})
+
+    def _attempt_span(self, delivery: rows.Delivery) -> trace.Span | None:
+        """The attempt's client span, a child of the span its expiry ran in (none when that
+        was not traced or not sampled, or this process traces nothing)."""
+        if self.recorder is None:
+            return None
+        if self.follows_head and unsampled({"traceparent": delivery.traceparent}):
+            return None  # the flag alone is read: its traceparent goes on as it is
+        parent = parent_of(delivery.traceparent)
+        if parent is None:
+            return None
+        return self.recorder.start(
+            f"POST {self.name}",
+            SpanKind.CLIENT,
+            {
+                "http.request.method": "POST",
+                "webhook.endpoint": self.name,
+                "webhook.id": delivery.message_id,
+                "webhook.attempt": delivery.attempts + 1,
+            },
+            parent=parent,
+        )
+
+
+def _carried(span: trace.Span | None, traceparent: str | None) -> dict[str, str]:
+    """The trace headers the request carries: the attempt span's context, or with no span
+    the expiry's own ``traceparent`` (the receiver joins its trace either way)."""
+    if span is not None:
+        return {key: str(value) for key, value in carrier_for(span).items()}
+    if traceparent is None or parent_of(traceparent) is None:
+        return {}
+    return {"traceparent": traceparent}
+
+
+def _ended(span: trace.Span, status: int | None, error_class: str | None, reason: str) -> None:
+    """The attempt's span ended with its answer: the status, and an error's class."""
+    if status is not None:
+        span.set_attribute("http.response.status_code", status)
+    if error_class is not None:
+        span.set_attribute("error.type", error_class)
+        span.set_status(Status(StatusCode.ERROR, reason))
+    span.end()
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

@@ -25,7 +25,9 @@ from service.adapters.http.server import serving
 from service.adapters.http.webhook_sender import Sender
 from service.adapters.postgres import webhook_endpoints as endpoints
 from service.adapters.postgres.schema import require_current_schema
+from service.adapters.telemetry import recorder_for
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
+from service.adapters.telemetry.tracing import follows_head
 from service.core.errors import ServiceError, UsageError
 from service.deliver.courier import Courier
 from service.settings import Settings
@@ -35,6 +37,7 @@ log = logging.getLogger("service.deliver")
 
 class RetireBusy(ServiceError):
     """The endpoints' table could not be had alone within the lock timeout."""
+
 
 # A claim outlives its attempt by this much at least (the settle's round trip).
 LEASE_MARGIN_SECONDS = 5.0
@@ -74,6 +77,8 @@ async def run(
             await require_current_schema(conn)
             await endpoints.register(conn, [endpoint.name for endpoint in settings.webhooks])
         couriers = []
+        recorder = recorder_for("service.deliver")  # installed by now, when tracing is on
+        head = follows_head(settings)
         for endpoint in settings.webhooks:
             sender = Sender(
                 endpoint,
@@ -81,7 +86,11 @@ async def run(
                 hosts=settings.webhook_allowed_hosts,
             )
             opened.push_async_callback(sender.close)
-            couriers.append(Courier(settings, endpoint, pool, sender, metrics))
+            couriers.append(
+                Courier(
+                    settings, endpoint, pool, sender, metrics, recorder=recorder, follows_head=head
+                )
+            )
         metrics.objective_seconds = settings.webhook_objective_seconds
 
         async def readiness() -> dict[str, bool]:

@@ -421,3 +421,62 @@ async def test_the_trace_of_an_expiry_continues_into_its_events_publish(
     header = str(received[traced].headers["traceparent"])
     assert header.split("-")[1:3] == [trace_id, format(span.context.span_id, "016x")]
     assert "traceparent" not in received[untraced].headers
+
+
+async def test_a_webhook_attempt_is_a_child_span_of_its_expiry_and_carries_its_context(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """A delivery of a traced expiry is POSTed in a client span that is its child (failed
+    attempts too: one span each, with the status and the error class), and the request
+    carries the span's traceparent; an unsampled expiry's request carries its own
+    traceparent on and records nothing; an untraced one, none."""
+    from tests.events_support import insert_events
+    from tests.webhook_support import Reply, delivering, receiving, register, running_deliverer
+
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    sampled, unsampled = f"00-{trace_id}-{parent_id}-01", f"00-{trace_id}-{parent_id}-00"
+    async with receiving([Reply(503), Reply(200)]) as receiver:
+        stack = delivering(stack, receiver.endpoint(), webhook_concurrency=1)
+        await register(stack)
+        [traced] = await insert_events(stack, 1, traceparent=sampled)
+        spans.clear()
+        async with running_deliverer(stack):
+
+            async def traced_delivered() -> bool:
+                return receiver.ids().count(traced) == 2
+
+            await eventually(traced_delivered)
+            [quiet] = await insert_events(stack, 1, traceparent=unsampled)
+            [plain] = await insert_events(stack, 1)
+
+            async def all_arrived() -> bool:
+                return {quiet, plain} <= set(receiver.ids())
+
+            await eventually(all_arrived)
+    attempts = [s for s in spans.get_finished_spans() if s.name == "POST orders"]
+    assert [s.attributes and s.attributes["http.response.status_code"] for s in attempts] == [
+        503,
+        200,
+    ]
+    for span in attempts:
+        assert span.kind is SpanKind.CLIENT
+        assert span.context is not None
+        assert span.parent is not None
+        assert span.attributes
+        assert format(span.context.trace_id, "032x") == trace_id
+        assert format(span.parent.span_id, "016x") == parent_id
+        assert span.attributes["webhook.id"] == traced
+    failed, delivered = attempts
+    assert failed.attributes is not None
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["error.type"] == "webhook.unavailable"
+    assert delivered.status.status_code is not StatusCode.ERROR
+    by_id = {r.headers["webhook-id"]: r.headers for r in receiver.received}
+    sent = [
+        r.headers["traceparent"] for r in receiver.received if r.headers["webhook-id"] == traced
+    ]
+    assert [h.split("-")[2] for h in sent] == [
+        format(span.context.span_id, "016x") for span in attempts if span.context is not None
+    ]
+    assert by_id[quiet]["traceparent"] == unsampled
+    assert "traceparent" not in by_id[plain]

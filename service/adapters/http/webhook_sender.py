@@ -18,6 +18,7 @@ import asyncio
 import base64
 import ipaddress
 import ssl
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
 from urllib.parse import unquote, urlsplit
@@ -111,10 +112,21 @@ class Sender:
             ),
         }
 
-    async def post(self, message_id: str, body: bytes, now: datetime) -> Answer:
-        """One attempt: the answer, from the status and ``Retry-After`` only."""
+    async def post(
+        self,
+        message_id: str,
+        body: bytes,
+        now: datetime,
+        carried: Mapping[str, str] | None = None,
+    ) -> Answer:
+        """One attempt (``carried``: its trace headers): the answer, from the status and
+        ``Retry-After`` only."""
         timeout = self.endpoint.timeout_seconds
-        headers = [*self._fixed.items(), *self.headers(message_id, body, now).items()]
+        headers = [
+            *self._fixed.items(),
+            *self.headers(message_id, body, now).items(),
+            *(carried or {}).items(),
+        ]
         try:
             # The whole attempt, not each read: a trickling answer times out too.
             async with (

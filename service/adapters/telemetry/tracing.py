@@ -110,8 +110,13 @@ def consumer_tracing(settings: Settings) -> ConsumerTracing | None:
     recorder = recorder_for("service.consume")
     if recorder is None:
         return None
-    name = settings.otel_traces_sampler or DEFAULT_SAMPLER
-    return ConsumerTracing(recorder, follows_head=name.startswith("parentbased_"))
+    return ConsumerTracing(recorder, follows_head=follows_head(settings))
+
+
+def follows_head(settings: Settings) -> bool:
+    """Whether the sampler is parent-based (the standard's default): then a parent that
+    says "not sampled" decides for its children, read from its ``traceparent`` alone."""
+    return (settings.otel_traces_sampler or DEFAULT_SAMPLER).startswith("parentbased_")
 
 
 def setup_tracing(
