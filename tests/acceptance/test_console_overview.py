@@ -38,7 +38,7 @@ async def _status_verdict(stack: Stack) -> str:
 
 # An age in a verdict ("17h 35m", "10m 3s", "1.5s"): the page and the command read the
 # clock moments apart, and a minute may turn between them on a loaded machine.
-AGE = re.compile(r"\b\d+(\.\d+)?[dhms]\b")
+AGE = re.compile(r"\b\d+(\.\d+)?[dhms]( \d+(\.\d+)?[dhms])*\b")
 
 
 def _without_ages(verdict: str) -> str:
