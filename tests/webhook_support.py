@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from service.adapters.postgres import deliveries as rows
 from service.adapters.postgres import webhook_endpoints
 from service.deliver.courier import Courier
 from service.deliver.deliverer import run
@@ -184,3 +185,30 @@ async def dead_letters(stack: Stack) -> list[dict[str, Any]]:
 def as_text(records: list[dict[str, Any]]) -> str:
     """Records as one text, to look for what must not be kept."""
     return json.dumps(records, default=str)
+
+
+def attempted(
+    endpoint: str, message_id: str, status: int | None = 200, error_class: str | None = None
+) -> rows.Attempted:
+    """An attempt as a deliverer records it when it settles one (for the tests that settle
+    by hand)."""
+    return rows.Attempted(
+        endpoint=endpoint,
+        message_id=message_id,
+        number=1,
+        kind=rows.AUTOMATIC,
+        status=status,
+        error_class=error_class,
+        duration_ms=1.5,
+        deliverer="test",
+    )
+
+
+async def attempts(stack: Stack) -> list[dict[str, Any]]:
+    """The attempt log, oldest first."""
+    async with pg_connection(stack.database_url) as conn:
+        found = await conn.fetch(
+            "SELECT endpoint, message_id, attempt, kind, status, error_class, deliverer"
+            " FROM webhook_attempts ORDER BY id"
+        )
+    return [dict(row) for row in found]

@@ -1,7 +1,7 @@
 """The console's web application (Starlette, server-rendered, no JavaScript): the pages
-that read (the overview, the dead letters, one dead letter), the routes of the acts
-(``acts``) and of logging in (``login``), the error pages, and ``guard.Guard`` outside
-it all. What every page is made with is in ``web``."""
+that read (the overview, the dead letters, one dead letter, an event's webhooks), the
+routes of the acts (``acts``) and of logging in (``login``), the error pages, and
+``guard.Guard`` outside it all. What every page is made with is in ``web``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from service.adapters import classify, postgres
 from service.console import acts, auth, guard, login, pages, sessions
 from service.console.web import HERE, Console, console_of, logged_in, page, refused
-from service.ops import dead_letters
+from service.ops import dead_letters, event_history
 from service.settings import Settings
 
 log = logging.getLogger("service.console")
@@ -65,6 +65,20 @@ async def detail(request: Request, operator: str) -> Response:
         replayed = found.record["status"] == "replayed"
         expect = None if replayed else await dead_letters.expectation(conn, found.record)
     return page(request, "detail.html", detail=found, record=found.record, expect=expect)
+
+
+@logged_in
+async def events(request: Request, operator: str) -> Response:
+    """What happened to an event (``?id=``: its message id or reservation id), endpoint by
+    endpoint: every webhook attempt and where each delivery stands."""
+    asked = request.query_params.get("id", "").strip()[:300]
+    console = console_of(request)
+    assert console.pool is not None
+    stories = []
+    if asked:
+        async with console.pool.acquire() as conn:
+            stories = await event_history.read(conn, asked)
+    return page(request, "events.html", asked=asked, stories=stories)
 
 
 # -- the application --------------------------------------------------------------------
@@ -129,6 +143,7 @@ def create_app(settings: Settings) -> Starlette:
             Route("/logout", login.logout, methods=["POST"]),
             Route("/dead-letters", listing),
             Route("/dead-letters/{key}", detail),
+            Route("/events", events),
             Route("/act", acts.act, methods=["POST"]),
             Route("/replay", acts.replay_selected, methods=["POST"]),
             Route("/sessions", login.sessions_page, methods=["GET"]),

@@ -20,6 +20,7 @@ AUDIT_TABLES = (
     "dead_letter_replays",
     "console_logins",
     "expiry_events_sent",
+    "webhook_attempts",
 )
 
 

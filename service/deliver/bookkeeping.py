@@ -49,21 +49,40 @@ class Bookkeeper:
     token: UUID
     rng: Callable[[], float]
 
-    async def settle(self, delivery: rows.Delivery, answer: Answer) -> bool:
-        """Record the attempt's answer; False when the claim had lapsed (nothing of it is
-        recorded: whoever claims it next delivers it again)."""
+    async def settle(
+        self, delivery: rows.Delivery, answer: Answer, *, seconds: float, probe: bool = False
+    ) -> bool:
+        """Record the attempt (in the attempt log, whatever else) and its answer; False
+        when the claim had lapsed (then the delivery is left as it was: whoever claims it
+        next delivers it again)."""
+        attempted = rows.Attempted(
+            endpoint=self.endpoint,
+            message_id=delivery.message_id,
+            number=delivery.attempts + 1,
+            kind=rows.PROBE if probe else delivery.origin,
+            status=answer.status,
+            error_class=answer.error_class,
+            duration_ms=round(seconds * 1000, 3),
+            deliverer=self.settings.worker_id,
+        )
         async with self.pool.acquire() as conn:
             if answer.verdict is Verdict.DELIVERED:
-                settled = await rows.delivered(conn, self.endpoint, delivery.id, token=self.token)
+                settled = await rows.delivered(
+                    conn, delivery.id, token=self.token, attempted=attempted
+                )
                 if settled:
                     self.metrics.delivered.add(1, {"endpoint": self.endpoint})
                 return _said(settled, self.endpoint, delivery)
             if answer.verdict is Verdict.GONE:
-                return await self._gone(conn, delivery, answer)
-            return await self._failed(conn, delivery, answer)
+                return await self._gone(conn, delivery, answer, attempted)
+            return await self._failed(conn, delivery, answer, attempted)
 
     async def _gone(
-        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer
+        self,
+        conn: postgres.Connection,
+        delivery: rows.Delivery,
+        answer: Answer,
+        attempted: rows.Attempted,
     ) -> bool:
         """410 Gone: the endpoint disabled; the delivery waits for it to be enabled."""
         if await endpoints.disable(conn, self.endpoint):
@@ -75,10 +94,14 @@ class Bookkeeper:
                     "then": "nothing is sent to it until python -m service.deliver --enable",
                 },
             )
-        return await self._put_off(conn, delivery, answer, 0.0)
+        return await self._put_off(conn, delivery, attempted, 0.0)
 
     async def _failed(
-        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer
+        self,
+        conn: postgres.Connection,
+        delivery: rows.Delivery,
+        answer: Answer,
+        attempted: rows.Attempted,
     ) -> bool:
         """A failure: counted in a row (a pause), the endpoint held for its Retry-After,
         and the delivery tried again on the backoff, or dead once out of budget."""
@@ -97,35 +120,39 @@ class Bookkeeper:
         delay = policy.delay(delivery.attempts + 1, answer, self.rng)
         give_up = policy.give_up(delivery.attempts + 1, delivery.age, delay)
         if give_up is None:
-            return await self._put_off(conn, delivery, answer, delay)
-        return await self._kill(conn, delivery, answer, give_up)
+            return await self._put_off(conn, delivery, attempted, delay)
+        return await self._kill(conn, delivery, answer, attempted, give_up)
 
     async def _put_off(
-        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer, delay: float
+        self,
+        conn: postgres.Connection,
+        delivery: rows.Delivery,
+        attempted: rows.Attempted,
+        delay: float,
     ) -> bool:
-        error_class = answer.error_class or webhook_policy.UNAVAILABLE
         settled = await rows.put_off(
-            conn,
-            delivery.id,
-            token=self.token,
-            seconds=delay,
-            status=answer.status,
-            error_class=error_class,
+            conn, delivery.id, token=self.token, seconds=delay, attempted=attempted
         )
         if settled:
+            error_class = attempted.error_class or webhook_policy.UNAVAILABLE
             self.metrics.retried.add(1, {"endpoint": self.endpoint, "error_class": error_class})
         return _said(settled, self.endpoint, delivery)
 
     async def _kill(
-        self, conn: postgres.Connection, delivery: rows.Delivery, answer: Answer, give_up: str
+        self,
+        conn: postgres.Connection,
+        delivery: rows.Delivery,
+        answer: Answer,
+        attempted: rows.Attempted,
+        give_up: str,
     ) -> bool:
         error_class = answer.error_class or webhook_policy.UNAVAILABLE
         settled = await rows.kill(
             conn,
             delivery.id,
             token=self.token,
-            status=answer.status,
-            dead_letter=self._dead_letter(delivery, answer, error_class, give_up),
+            attempted=attempted,
+            dead_letter=_dead_letter(attempted, delivery, answer, error_class, give_up),
             owner=default_owner(self.settings.dead_letter_owners, error_class),
         )
         if settled:
@@ -144,23 +171,29 @@ class Bookkeeper:
             )
         return _said(settled, self.endpoint, delivery)
 
-    def _dead_letter(
-        self, delivery: rows.Delivery, answer: Answer, error_class: str, give_up: str
-    ) -> DeadLetterRecord:
-        now = datetime.now(UTC)
-        return DeadLetterRecord(
-            message_id=webhook_policy.dead_letter_key(self.endpoint, delivery.message_id),
-            reservation_id=delivery.reservation_id,
-            hold_until=delivery.hold_until,
-            error_class=error_class,
-            give_up=give_up,
-            reason=f"endpoint {self.endpoint}: {answer.reason}",
-            attempts=delivery.attempts + 1,
-            first_seen=now - timedelta(seconds=delivery.age),
-            last_seen=now,
-            worker=self.settings.worker_id,
-            body_excerpt=None,
-        )
+
+def _dead_letter(
+    attempted: rows.Attempted,
+    delivery: rows.Delivery,
+    answer: Answer,
+    error_class: str,
+    give_up: str,
+) -> DeadLetterRecord:
+    """The dead letter of a delivery out of attempts or age, after this attempt."""
+    now = datetime.now(UTC)
+    return DeadLetterRecord(
+        message_id=webhook_policy.dead_letter_key(attempted.endpoint, delivery.message_id),
+        reservation_id=delivery.reservation_id,
+        hold_until=delivery.hold_until,
+        error_class=error_class,
+        give_up=give_up,
+        reason=f"endpoint {attempted.endpoint}: {answer.reason}",
+        attempts=attempted.number,
+        first_seen=now - timedelta(seconds=delivery.age),
+        last_seen=now,
+        worker=attempted.deliverer,
+        body_excerpt=None,
+    )
 
 
 def _said(settled: bool, endpoint: str, delivery: rows.Delivery) -> bool:

@@ -82,15 +82,15 @@ class Courier:
                 await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                batch, wait = await self._claim(free)
+                batch, wait, probe = await self._claim(free)
             except Exception as exc:  # the database, mostly: the courier looks again
                 log.warning(
                     "webhook.look_failed",
                     extra={"endpoint": self.name, "error_class": type(exc).__name__},
                 )
-                batch, wait = [], self.settings.webhook_poll_seconds
+                batch, wait, probe = [], self.settings.webhook_poll_seconds, False
             for delivery in batch:
-                task = asyncio.create_task(self._deliver(delivery))
+                task = asyncio.create_task(self._deliver(delivery, probe=probe))
                 self.in_flight.add(task)
                 task.add_done_callback(self.in_flight.discard)
             if wait > 0:
@@ -98,9 +98,9 @@ class Courier:
         if self.in_flight:
             await asyncio.wait(self.in_flight)
 
-    async def _claim(self, free: int) -> tuple[list[rows.Delivery], float]:
-        """Up to ``free`` due deliveries the rate limit allows now, and how long to wait
-        before looking again."""
+    async def _claim(self, free: int) -> tuple[list[rows.Delivery], float, bool]:
+        """Up to ``free`` due deliveries the rate limit allows now, how long to wait before
+        looking again, and whether the one claimed is the probe that ends a pause."""
         endpoint, settings = self.endpoint, self.settings
         burst = burst_of(endpoint)
         async with self.pool.acquire() as conn:
@@ -114,10 +114,10 @@ class Courier:
             )
             if not tokens.registered:
                 log.warning("webhook.retired", extra={"endpoint": self.name})
-                return [], RETIRED_LOOK_SECONDS
+                return [], RETIRED_LOOK_SECONDS, False
             self.metrics.looked()  # the look succeeded, whatever it allows
             if tokens.granted == 0:
-                return [], self._wait(tokens)
+                return [], self._wait(tokens), False
             batch = await rows.claim(
                 conn,
                 self.name,
@@ -134,7 +134,7 @@ class Courier:
             )
         if tokens.probe and batch:
             log.info("webhook.probe", extra={"endpoint": self.name})
-        return batch, 0.0 if batch else settings.webhook_poll_seconds
+        return batch, 0.0 if batch else settings.webhook_poll_seconds, tokens.probe
 
     def _wait(self, tokens: endpoints.Tokens) -> float:
         """How long to wait when the endpoint allows nothing now."""
@@ -145,19 +145,18 @@ class Courier:
         self.metrics.rate_limited.add(1, {"endpoint": self.name})
         return max(0.001, (1 - tokens.have) / self.endpoint.rate_per_second)
 
-    async def _deliver(self, delivery: rows.Delivery) -> None:
+    async def _deliver(self, delivery: rows.Delivery, *, probe: bool) -> None:
         body = event_body(delivery.reservation_id, delivery.hold_until, delivery.expired_at)
         span = self._attempt_span(delivery)
         carried = _carried(span, delivery.traceparent)
         started = time.monotonic()
         answer = await self.sender.post(delivery.message_id, body, datetime.now(UTC), carried)
-        self.metrics.attempt(
-            self.name, answer.error_class or "delivered", time.monotonic() - started
-        )
+        seconds = time.monotonic() - started
+        self.metrics.attempt(self.name, answer.error_class or "delivered", seconds)
         if span is not None:
             _ended(span, answer.status, answer.error_class, answer.reason)
         try:
-            settled = await self.books.settle(delivery, answer)
+            settled = await self.books.settle(delivery, answer, seconds=seconds, probe=probe)
         except Exception as exc:  # the lease lapses: delivered again by the next claim
             settled = False
             log.warning(

@@ -39,20 +39,18 @@ log = logging.getLogger("service.relay")
 # Claims and marks take turns on one connection; the other answers /readyz.
 POOL_SIZE = 2
 READINESS_TIMEOUT_SECONDS = 2.0
-# A claim outlives its batch's publish by this much at least (the mark's round trip).
-LEASE_MARGIN_SECONDS = 5.0
 
 
 def check_settings(settings: Settings) -> None:
-    """Refuse, in one line naming the setting, a claim that a publish may outlive: its
-    events would be claimed and published again by another relay while this one still
-    waits for their confirms."""
+    """Refuse, in one line naming the setting, a claim that a publish outlives: its events
+    would be claimed and published again by another relay while this one still waits for
+    their confirms."""
     lease, publish = settings.relay_lease_seconds, settings.publish_timeout_seconds
-    if publish + LEASE_MARGIN_SECONDS > lease:
+    if lease <= publish:
         raise UsageError(
             f"EXPIRY_RELAY_LEASE_SECONDS ({lease:g}) must exceed EXPIRY_PUBLISH_TIMEOUT_SECONDS "
-            f"({publish:g}) by {LEASE_MARGIN_SECONDS:g} s at least: a batch's claim must "
-            "outlive its publish"
+            f"({publish:g}), and by the mark's round trip: a batch's claim must outlive its "
+            "publish"
         )
 
 

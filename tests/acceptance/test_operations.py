@@ -391,6 +391,18 @@ PLANTED = {
         "event-pending-too-long",
         "pending for 02:00:",
     ),
+    "webhook-lost": (
+        "WITH ledger AS (UPDATE schema_migrations SET applied_at = now() - interval '1 hour'"
+        "                 WHERE version = '0017_webhook_attempts'),"
+        " endpoint AS (INSERT INTO webhook_endpoints (name, registered_at)"
+        "              VALUES ('crm', now() - interval '2 hours'))"
+        " INSERT INTO webhook_attempts (endpoint, message_id, attempt, kind, status,"
+        "                               duration_ms, deliverer)"
+        " SELECT 'crm', message_id, 1, 'automatic', 200, 1, 'd' FROM expiry_events"
+        "  WHERE reservation_id <> $1",
+        "event-without-its-webhook",
+        "endpoint crm has neither its delivery (pending or dead) nor a 2xx attempt",
+    ),
     "without-expiry": (
         "INSERT INTO expiry_events (reservation_id, hold_until, expired_at, message_id)"
         " SELECT id, hold_until, now(), 'expired:' || id || ':1' FROM reservations"
@@ -406,7 +418,9 @@ async def test_verify_catches_an_event_lost_doubled_stuck_or_made_up(
     stack: Stack, plant: str
 ) -> None:
     """A planted violation of the outbox's promise (an event deleted, sent twice, pending
-    for two hours, or one of no expiry): exit 1, the verdict line naming the check."""
+    for two hours, or one of no expiry) or of the webhooks' (an endpoint registered long
+    before an event with neither its delivery nor a 2xx attempt of it): exit 1, the verdict
+    line naming the check."""
     [rid, _other] = await _expired_directly(stack, 2)
     await insert_holds(stack.database_url, 1, due_in=3600)
     statement, check, fact = PLANTED[plant]

@@ -19,6 +19,7 @@ from tests.events_support import insert_events
 from tests.support import Stack, eventually, pg_connection
 from tests.webhook_support import (
     Reply,
+    attempts,
     dead_letters,
     deliveries,
     delivering,
@@ -68,6 +69,10 @@ async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_back(
     assert await dead_letters(stack) == []
     assert _events(caplog, "webhook.paused") >= 1
     assert _events(caplog, "webhook.probe") >= 1
+    logged = await attempts(stack)  # every request is in the attempt log, probes as such
+    assert len(logged) == len(receiver.received)
+    assert {row["kind"] for row in logged} == {"automatic", "probe"}
+    assert {row["status"] for row in logged} == {status, 200}
 
 
 async def test_a_429_storm_holds_back_the_whole_endpoint_for_its_retry_after(

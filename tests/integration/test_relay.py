@@ -171,7 +171,7 @@ async def test_a_lease_lost_before_the_mark_converges_to_the_same_end_state(
     the next claim publishes the same ids again, and the end state is the one a clean run
     leaves: every event sent once, none pending, each id on the reader's queue."""
     caplog.set_level(logging.INFO)
-    stack = _relaying(stack, relay_lease_seconds=1.0)
+    stack = _relaying(stack, relay_lease_seconds=1.0, publish_timeout_seconds=0.5)
     queue = await bind_reader_queue(stack.amqp_url)
     mids = await insert_events(stack, 20)
     from service.adapters.postgres import outbox as outbox_sql

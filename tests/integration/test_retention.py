@@ -466,3 +466,37 @@ async def test_expiries_past_the_last_week_are_retried_until_retention_makes_it(
         assert await conn.fetchval("SELECT count(*) FROM dead_letters") == 0
     per_hold = await support.transitions_per_reservation(stack.database_url)
     assert {per_hold.get(i) for i in ids} == {1}
+
+
+async def test_dead_webhook_deliveries_go_with_their_closed_dead_letters(
+    stack: support.Stack,
+) -> None:
+    """A dead delivery whose dead letter was closed before the retention goes, and one
+    whose dead letter is gone too; one whose dead letter is open, or closed lately, stays,
+    and so does every pending one."""
+    async with support.pg_connection(stack.database_url) as conn:
+        await conn.execute("INSERT INTO webhook_endpoints (name) VALUES ('crm')")
+        for n, dead in enumerate([True, True, True, True, False]):
+            await conn.execute(
+                "INSERT INTO webhook_deliveries (endpoint, message_id, reservation_id,"
+                " hold_until, expired_at, dead) VALUES ('crm', $1, gen_random_uuid(), now(),"
+                " now(), $2)",
+                f"m{n}",
+                dead,
+            )
+        for n, (status, age) in enumerate([("closed", 200), ("dead", 200), ("closed", 10)]):
+            await conn.execute(
+                "INSERT INTO dead_letters (message_id, error_class, give_up, reason, attempts,"
+                " first_seen, last_seen, worker, status, updated_at) VALUES ($1,"
+                " 'webhook.rejected', 'attempts-exhausted', 'r', 15, now(), now(), 'd', $2,"
+                " now() - make_interval(days => $3))",
+                f"webhook:crm:m{n}",
+                status,
+                age,
+            )
+        # m0: closed 200 days ago; m1: open; m2: closed 10 days ago; m3: its dead letter gone;
+        # m4: pending.
+        report = await housekeeping.run(conn, stack.settings, say=lambda _line: None, batch=1)
+        assert report.pruned["webhook_deliveries"] == 2
+        left = await conn.fetch("SELECT message_id FROM webhook_deliveries ORDER BY 1")
+    assert [row["message_id"] for row in left] == ["m1", "m2", "m4"]

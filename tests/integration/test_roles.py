@@ -49,6 +49,7 @@ from service.ops import housekeeping
 from service.settings import Settings
 from tests import support
 from tests.support import as_role
+from tests.webhook_support import attempted
 
 # one_broker: the grants of PostgreSQL's roles: the scans, replays and queues it uses are the
 # pipeline's and dead letters' own, tested on every broker version.
@@ -449,9 +450,16 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
         assert tokens.granted == 3
         claimed = await deliveries.claim(conn, "a", 3, lease_seconds=30, token=token)
         await webhook_endpoints.give_back(conn, "a", 3 - len(claimed), burst=10, probe=True)
-        assert await deliveries.delivered(conn, "a", claimed[0].id, token=token)
+        [one, two, three] = claimed
+        assert await deliveries.delivered(
+            conn, one.id, token=token, attempted=attempted("a", one.message_id)
+        )
         assert await deliveries.put_off(
-            conn, claimed[1].id, token=token, seconds=60, status=503, error_class="x"
+            conn,
+            two.id,
+            token=token,
+            seconds=60,
+            attempted=attempted("a", two.message_id, 503, "x"),
         )
         record = DeadLetterRecord(
             message_id=f"webhook:a:{claimed[2].message_id}",
@@ -467,7 +475,12 @@ async def test_every_statement_of_the_deliverer_runs_as_expiry_deliver(
             body_excerpt=None,
         )
         assert await deliveries.kill(
-            conn, claimed[2].id, token=token, status=400, dead_letter=record, owner=rule
+            conn,
+            three.id,
+            token=token,
+            attempted=attempted("a", three.message_id, 400, "webhook.rejected"),
+            dead_letter=record,
+            owner=rule,
         )
         assert await webhook_endpoints.failed(conn, "b", pause_after=1, first=30, cap=60)
         await webhook_endpoints.hold(conn, "b", 5.0)
@@ -852,7 +865,11 @@ GRANTS = {
     (OPERATOR, "webhook_endpoints", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "webhook_deliveries", "UPDATE"): (
-        "since next_at attempts lease_until lease_token dead"
+        "since next_at attempts lease_until lease_token dead origin"
+    ),
+    (OPERATOR, "webhook_attempts", "SELECT"): EVERY_COLUMN,
+    (DELIVER, "webhook_attempts", "INSERT"): (
+        "endpoint message_id attempt kind status error_class duration_ms deliverer"
     ),
     (OPERATOR, "expiry_events_sent", "SELECT"): EVERY_COLUMN,
     (CONSUMER, "delivery_crashes", "SELECT"): EVERY_COLUMN,

@@ -28,6 +28,8 @@ from tests.webhook_support import (
     Receiver,
     Reply,
     as_text,
+    attempted,
+    attempts,
     dead_letters,
     deliveries,
     delivering,
@@ -219,22 +221,24 @@ async def test_a_paused_endpoint_does_not_slow_another(stack: Stack) -> None:
 
 async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
     """A claim whose lease ran out marks nothing done, puts nothing off, kills nothing;
-    the next claim takes the delivery."""
+    the next claim takes the delivery; every attempt is in the log all the same (each
+    request went out)."""
     stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())  # never sent to
     await register(stack)
-    await insert_events(stack, 1)
+    [event] = await insert_events(stack, 1)
     first, second = uuid.uuid4(), uuid.uuid4()
+    ok, failed = attempted("orders", event), attempted("orders", event, 500, "x")
     async with pg_connection(stack.database_url) as conn:
         [claimed] = await rows.claim(conn, "orders", 5, lease_seconds=0.2, token=first)
         await asyncio.sleep(0.4)
-        assert not await rows.delivered(conn, "orders", claimed.id, token=first)
-        assert not await rows.put_off(
-            conn, claimed.id, token=first, seconds=0, status=500, error_class="x"
-        )
+        assert not await rows.delivered(conn, claimed.id, token=first, attempted=ok)
+        assert not await rows.put_off(conn, claimed.id, token=first, seconds=0, attempted=failed)
         [again] = await rows.claim(conn, "orders", 5, lease_seconds=30, token=second)
-        assert not await rows.delivered(conn, "orders", again.id, token=first)
-        assert await rows.delivered(conn, "orders", again.id, token=second)
+        assert not await rows.delivered(conn, again.id, token=first, attempted=ok)
+        assert await rows.delivered(conn, again.id, token=second, attempted=ok)
     assert await deliveries(stack) == []
+    logged = [(row["status"], row["error_class"]) for row in await attempts(stack)]
+    assert logged == [(200, None), (500, "x"), (200, None), (200, None)]
 
 
 async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
@@ -337,7 +341,10 @@ async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: 
         token = uuid.uuid4()
         [claimed] = await rows.claim(conn, "orders", 1, lease_seconds=30, token=token)
         assert claimed.message_id == event
-        assert await rows.delivered(conn, "orders", claimed.id, token=token)  # 2xx: over
+        done = await rows.delivered(
+            conn, claimed.id, token=token, attempted=attempted("orders", event)
+        )
+        assert done  # answered 2xx: the pause is over
         after = await take(conn)
         assert (after.granted, after.wait, after.probe) == (5, 0.0, False)
 

@@ -116,6 +116,19 @@ EVENTS = """(SELECT reservation_id, message_id, expired_at, 'pending' AS state F
              UNION ALL
              SELECT reservation_id, message_id, expired_at, 'sent' FROM expiry_events_sent)"""
 
+EVENTS_WRITTEN = """(SELECT reservation_id, message_id, created_at, 'pending' AS state
+               FROM expiry_events
+             UNION ALL
+             SELECT reservation_id, message_id, created_at, 'sent' FROM expiry_events_sent)"""
+# The webhooks' check looks at events from when the attempt log exists (migration 0017:
+# a delivery made before it left no attempt) and as far back as it keeps attempts.
+WEBHOOKS_SINCE = f"""greatest(
+    {EVENTS_SINCE},
+    (SELECT coalesce(min(expiry_partition_low(i.inhrelid)), '-infinity')
+       FROM pg_inherits i WHERE i.inhparent = 'webhook_attempts'::regclass),
+    (SELECT applied_at + interval '1 minute' FROM schema_migrations
+      WHERE version = '0017_webhook_attempts'))"""
+
 # Each lists its violations: (reservation id, a short fact); $1 the limit, $2 (the last)
 # the age in seconds past which a pending event is a violation.
 EVENT_CHECKS: dict[str, str] = {
@@ -144,6 +157,23 @@ EVENT_CHECKS: dict[str, str] = {
                                 WHERE t.reservation_id = e.reservation_id
                                   AND t.from_status = 'held' AND t.to_status = 'expired'
                                   AND t.at = e.expired_at))
+         LIMIT $1
+    """,
+    # Every event reached every endpoint registered a minute before it was written (an
+    # expiry's transaction is over within the statement timeouts: one registered in the
+    # same moment may have been read by it or not): its delivery waits (pending or dead),
+    # or an attempt of it was answered 2xx. From when the attempt log exists.
+    "event-without-its-webhook": f"""
+        SELECT e.reservation_id, e.state || ' event ' || e.message_id || ': endpoint '
+               || w.name || ' has neither its delivery (pending or dead) nor a 2xx attempt'
+          FROM {EVENTS_WRITTEN} e
+          JOIN webhook_endpoints w ON w.registered_at < e.created_at - interval '1 minute'
+         WHERE e.created_at >= {WEBHOOKS_SINCE}
+           AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                            WHERE d.endpoint = w.name AND d.message_id = e.message_id)
+           AND NOT EXISTS (SELECT 1 FROM webhook_attempts a
+                            WHERE a.endpoint = w.name AND a.message_id = e.message_id
+                              AND a.status BETWEEN 200 AND 299)
          LIMIT $1
     """,
     "event-pending-too-long": """

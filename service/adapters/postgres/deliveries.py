@@ -34,38 +34,49 @@ UPDATE webhook_deliveries d
   FROM next
  WHERE d.id = next.id
 RETURNING d.id, d.message_id, d.reservation_id, d.hold_until, d.expired_at, d.traceparent,
-          d.attempts, extract(epoch FROM now() - d.since)::float8 AS age
+          d.attempts, extract(epoch FROM now() - d.since)::float8 AS age, d.origin
 """
 
-# Settling: each matches only while the claim's lease holds.
+# Settling: each records the attempt (whatever became of the claim: the request went out)
+# and changes the delivery only while the claim's lease holds. $1 to $8 are the attempt's
+# (``Attempted``), $9 the delivery's id and $10 the claim's token.
+LOGGED = """
+logged AS (
+    INSERT INTO webhook_attempts (endpoint, message_id, attempt, kind, status, error_class,
+                                  duration_ms, deliverer)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+)"""
+
 # Delivered: the row goes, and the endpoint, which answered, is no longer failing nor
 # paused (one round trip: the reset writes only when there is something to reset).
-DELIVERED = """
-WITH done AS (
+DELIVERED = f"""
+WITH {LOGGED}, done AS (
     DELETE FROM webhook_deliveries
-     WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+     WHERE id = $9 AND lease_token = $10 AND lease_until >= now()
  RETURNING id
 ), answered AS (
     UPDATE webhook_endpoints
        SET failures = 0, pauses = 0, paused_until = NULL, probing_until = NULL
-     WHERE name = $3 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
+     WHERE name = $1 AND (failures > 0 OR pauses > 0 OR paused_until IS NOT NULL)
 )
 SELECT count(*) FROM done
 """
 
-PUT_OFF = """
+PUT_OFF = f"""
+WITH {LOGGED}
 UPDATE webhook_deliveries
-   SET attempts = attempts + 1, next_at = now() + make_interval(secs => $3),
-       lease_until = NULL, lease_token = NULL, last_status = $4, last_error = $5
- WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+   SET attempts = attempts + 1, next_at = now() + make_interval(secs => $11),
+       lease_until = NULL, lease_token = NULL, last_status = $5, last_error = $6
+ WHERE id = $9 AND lease_token = $10 AND lease_until >= now()
 RETURNING id
 """
 
-KILL = """
+KILL = f"""
+WITH {LOGGED}
 UPDATE webhook_deliveries
    SET attempts = attempts + 1, dead = true, lease_until = NULL, lease_token = NULL,
-       last_status = $3, last_error = $4
- WHERE id = $1 AND lease_token = $2 AND lease_until >= now()
+       last_status = $5, last_error = $6
+ WHERE id = $9 AND lease_token = $10 AND lease_until >= now()
 RETURNING id
 """
 
@@ -73,10 +84,13 @@ RETURNING id
 REVIVE = """
 UPDATE webhook_deliveries
    SET dead = false, attempts = 0, since = now(), next_at = now(),
-       lease_until = NULL, lease_token = NULL
+       lease_until = NULL, lease_token = NULL, origin = 'replay'
  WHERE endpoint = $1 AND message_id = $2 AND dead
 RETURNING id
 """
+
+# What made an attempt (webhook_attempts.kind): its delivery's origin, or a probe.
+AUTOMATIC, PROBE, REPLAY, BACKFILL = "automatic", "probe", "replay", "backfill"
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,34 @@ class Delivery:
     traceparent: str | None
     attempts: int  # before this one
     age: float  # seconds since its age budget started
+    origin: str = AUTOMATIC  # what made it: automatic, replay or backfill
+
+
+@dataclass(frozen=True)
+class Attempted:
+    """One attempt as the attempt log keeps it: never a body, a URL or a secret."""
+
+    endpoint: str
+    message_id: str
+    number: int  # the delivery's attempt, from 1
+    kind: str  # automatic, probe, replay or backfill
+    status: int | None  # the HTTP status answered (None: no answer)
+    error_class: str | None  # None: delivered
+    duration_ms: float
+    deliverer: str
+
+    def params(self) -> tuple[object, ...]:
+        """$1 to $8 of the settling statements."""
+        return (
+            self.endpoint,
+            self.message_id,
+            self.number,
+            self.kind,
+            self.status,
+            self.error_class,
+            self.duration_ms,
+            self.deliverer,
+        )
 
 
 async def claim(
@@ -101,24 +143,20 @@ async def claim(
     return [Delivery(**dict(row)) for row in rows]
 
 
-async def delivered(conn: Connection, endpoint: str, delivery_id: int, *, token: UUID) -> bool:
-    """Done (and the endpoint no longer failing): False when the lease had lapsed (another
-    deliverer may send it again)."""
-    done: int = await conn.fetchval(DELIVERED, delivery_id, token, endpoint)
+async def delivered(
+    conn: Connection, delivery_id: int, *, token: UUID, attempted: Attempted
+) -> bool:
+    """Done (and the endpoint no longer failing), the attempt recorded: False when the
+    lease had lapsed (another deliverer may send it again)."""
+    done: int = await conn.fetchval(DELIVERED, *attempted.params(), delivery_id, token)
     return done > 0
 
 
 async def put_off(
-    conn: Connection,
-    delivery_id: int,
-    *,
-    token: UUID,
-    seconds: float,
-    status: int | None,
-    error_class: str,
+    conn: Connection, delivery_id: int, *, token: UUID, seconds: float, attempted: Attempted
 ) -> bool:
-    """Tried again in ``seconds``: False when the lease had lapsed."""
-    row = await conn.fetchval(PUT_OFF, delivery_id, token, seconds, status, error_class)
+    """Tried again in ``seconds``, the attempt recorded: False when the lease had lapsed."""
+    row = await conn.fetchval(PUT_OFF, *attempted.params(), delivery_id, token, seconds)
     return row is not None
 
 
@@ -127,14 +165,15 @@ async def kill(
     delivery_id: int,
     *,
     token: UUID,
-    status: int | None,
+    attempted: Attempted,
     dead_letter: DeadLetterRecord,
     owner: OwnerRule | None,
 ) -> bool:
     """A dead letter: the delivery kept (for a replay) and recorded with the command's,
-    in one transaction. False when the lease had lapsed (nothing is recorded)."""
+    and the attempt, in one transaction. False when the lease had lapsed (then only the
+    attempt is recorded)."""
     async with conn.transaction():
-        row = await conn.fetchrow(KILL, delivery_id, token, status, dead_letter.error_class)
+        row = await conn.fetchrow(KILL, *attempted.params(), delivery_id, token)
         if row is None:
             return False
         await record_dead_letter(conn, dead_letter, owner=owner)

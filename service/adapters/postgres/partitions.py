@@ -108,6 +108,16 @@ PRUNES: dict[str, Prune] = {
         " AND NOT EXISTS (SELECT 1 FROM parked_holds p WHERE p.dead_letter_id = t.id)",
         0,
     ),
+    # A dead webhook delivery whose dead letter was closed before the retention, or has
+    # gone (the prune above): it is never sent again, and the audit keeps what it was.
+    "webhook_deliveries": _walk(
+        "webhook_deliveries",
+        "id",
+        "t.dead AND NOT EXISTS (SELECT 1 FROM dead_letters l"
+        " WHERE l.message_id = 'webhook:' || t.endpoint || ':' || t.message_id"
+        " AND (l.status <> 'closed' OR l.updated_at >= $1))",
+        0,
+    ),
     "console_sessions": _walk(
         "console_sessions", "id", "coalesce(t.ended_at, t.last_seen_at) < $1", 0
     ),
@@ -149,6 +159,8 @@ TABLES = (
     "console_sessions",
     "retention_actions",
     "retention_runs",
+    "webhook_endpoints",
+    "webhook_deliveries",  # pending and dead deliveries (the delivered ones go at once)
 )
 RETAINED = """
 SELECT t.name,
