@@ -21,6 +21,7 @@ AUDIT_TABLES = (
     "console_logins",
     "expiry_events_sent",
     "webhook_attempts",
+    "history_requests",
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from service import history
 from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.cli import run_command, serve_until_stopped
 from service.deliver.deliverer import check_settings, enable, retire, run
@@ -20,6 +21,8 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         return await retire(settings, args.retire, yes=args.yes, say=print)
     if args.enable is not None:
         return await enable(settings, args.enable, say=print)
+    if args.backfill is not None:
+        return await _backfill(settings, args)
     check_settings(settings)  # before telemetry starts: a refusal is one line
     return await serve_until_stopped(
         settings,
@@ -27,6 +30,11 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         lambda registry: DeliverMetrics(prometheus=registry),
         lambda stop, metrics: run(settings, stop, metrics=metrics),
     )
+
+
+async def _backfill(settings: Settings, args: argparse.Namespace) -> int:
+    asked = history.asked(args.since, args.until, "--backfill")
+    return await history.backfill(settings, args.backfill, asked, args.operator, say=print)
 
 
 def main() -> None:
@@ -54,7 +62,22 @@ def main() -> None:
         "more and its deliveries, pending and dead, are deleted (its dead letters stay); "
         "shows what it would delete, and does it with --yes",
     )
+    chosen.add_argument(
+        "--backfill",
+        metavar="NAME",
+        help="queue for endpoint NAME every event written from --since (to --until) that the "
+        "service still keeps; the running deliverers send them, each with its webhook-id "
+        "(audited; --operator, one of EXPIRY_REPLAY_OPERATORS)",
+    )
     parser.add_argument("--yes", action="store_true", help="with --retire: do it")
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="with --backfill: from when (ISO 8601, UTC without an offset, or how long ago: "
+        "90m, 6h, 3d, 2w)",
+    )
+    parser.add_argument("--until", metavar="TIME", help="with --backfill: to when (default: now)")
+    parser.add_argument("--operator", help="with --backfill: who asks (audited)")
     run_command(parser, _main)
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 
+from service import history
 from service.adapters.telemetry.relay_metrics import RelayMetrics
 from service.cli import run_command, serve_until_stopped
 from service.relay.running import check_settings, run
 from service.settings import Settings
 
 
-async def _main(settings: Settings, _args: argparse.Namespace) -> int:
+async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    if args.replay_to is not None:
+        return await _replay_to(settings, args)
     check_settings(settings)  # before telemetry starts: a refusal is one line
     return await serve_until_stopped(
         settings,
@@ -22,6 +25,11 @@ async def _main(settings: Settings, _args: argparse.Namespace) -> int:
         lambda registry: RelayMetrics(prometheus=registry),
         lambda stop, metrics: run(settings, stop, metrics=metrics),
     )
+
+
+async def _replay_to(settings: Settings, args: argparse.Namespace) -> int:
+    asked = history.asked(args.since, args.until, "--replay-to")
+    return await history.replay_to(settings, args.replay_to, asked, args.operator, say=print)
 
 
 def main() -> None:
@@ -34,6 +42,22 @@ def main() -> None:
             "and exit 0. Several may run at once."
         ),
     )
+    parser.add_argument(
+        "--replay-to",
+        metavar="QUEUE",
+        help="publish again, to QUEUE alone (the default exchange), every event written from "
+        "--since (to --until) that the service still keeps, with its message id; then exit "
+        "(an operator's act: the operator's database role and a broker user that may write "
+        "to amq.default; audited, --operator one of EXPIRY_REPLAY_OPERATORS)",
+    )
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="with --replay-to: from when (ISO 8601, UTC without an offset, or how long ago: "
+        "90m, 6h, 3d, 2w)",
+    )
+    parser.add_argument("--until", metavar="TIME", help="with --replay-to: to when (default: now)")
+    parser.add_argument("--operator", help="with --replay-to: who asks (audited)")
     run_command(parser, _main)
 
 

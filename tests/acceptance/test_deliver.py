@@ -12,15 +12,21 @@ import time
 import httpx
 import pytest
 
+from service.adapters import postgres
 from tests import support
 from tests.acceptance.processes import run, start, stop
 from tests.events_support import insert_events
+from tests.support import eventually
 from tests.webhook_support import (
     LOOPBACK,
     Reply,
+    attempts,
     deliveries,
+    delivering,
     new_secret,
     receiving,
+    register,
+    running_deliverer,
 )
 
 # one_broker: HTTP and PostgreSQL only: the deliverer opens no broker connection.
@@ -189,3 +195,83 @@ async def test_enable_sends_to_a_disabled_endpoint_again_as_the_deliverer(
     both = await asyncio.to_thread(run, DELIVER, "--enable", "crm", "--retire", "crm", env=env)
     assert both.returncode == 2
     assert "not allowed with argument" in both.stderr
+
+
+async def test_backfill_sends_an_endpoint_the_events_written_before_it(
+    stack: support.Stack,
+) -> None:
+    """Three expiries before an endpoint was registered (no delivery for it); --backfill,
+    as the operator's role, by a named replay operator: the three queued (their origin and
+    attempts say backfill), audited, and a deliverer sends them with their ids; again:
+    nothing queued twice; refused in one line without --operator, for an endpoint not
+    registered, or for a time that is none."""
+    ids = await support.insert_holds(stack.database_url, 3)
+    async with support.pg_connection(stack.database_url) as conn:
+        await postgres.expire_batch(conn, ids, ["a", "b", "c"], [1, 1, 1], worker="w")
+        events = [
+            row["message_id"] for row in await conn.fetch("SELECT message_id FROM expiry_events")
+        ]
+    async with receiving() as receiver:
+        late = delivering(stack, receiver.endpoint("late"))
+        await register(late)
+        env = stack.env(
+            DATABASE_URL=support.as_role(stack.database_url, "expiry_operator"),
+            EXPIRY_REPLAY_OPERATORS="alice",
+        )
+        asked = ("--backfill", "late", "--since", "1h")
+        done = await asyncio.to_thread(run, DELIVER, *asked, "--operator", "alice", env=env)
+        assert done.returncode == 0, done.stderr
+        [line] = done.stdout.splitlines()
+        assert line.startswith("backfill of endpoint late from ")
+        assert "3 event(s) queued, of 3 kept (0 already waiting for it)" in line
+        again = await asyncio.to_thread(run, DELIVER, *asked, "--operator", "alice", env=env)
+        assert "0 event(s) queued, of 3 kept (3 already waiting for it)" in again.stdout
+        async with running_deliverer(late):
+
+            async def arrived() -> bool:
+                return sorted(receiver.ids()) == sorted(events)
+
+            await eventually(arrived)
+    kinds = {row["kind"] for row in await attempts(stack)}
+    assert kinds == {"backfill"}
+    async with support.pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch(
+            "SELECT kind, target, events, outcome, operator FROM history_requests ORDER BY id"
+        )
+    assert [tuple(row) for row in audit] == [
+        ("backfill", "late", 3, "done", "alice"),
+        ("backfill", "late", 0, "done", "alice"),
+    ]
+    for args, said in [
+        ((*asked,), "this needs --operator NAME"),
+        (("--backfill", "nobody", "--since", "1h", "--operator", "alice"), "no endpoint 'nobody'"),
+        (("--backfill", "late", "--since", "soon", "--operator", "alice"), "'soon' is not a time"),
+        (("--backfill", "late", "--operator", "alice"), "--backfill needs --since TIME"),
+    ]:
+        refused = await asyncio.to_thread(run, DELIVER, *args, env=env)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        [line] = refused.stderr.splitlines()
+        assert line.startswith("python -m service.deliver: refused: ")
+        assert said in line, line
+
+
+async def test_migrate_registers_the_endpoints_before_any_deliverer_runs(
+    stack: support.Stack,
+) -> None:
+    """migrate given EXPIRY_WEBHOOKS registers its endpoints: the next expiry, with no
+    deliverer ever started, has its delivery to each of them."""
+    endpoints = [
+        {"name": "crm", "url": "https://crm.example.com/hooks", "secret": new_secret()},
+        {"name": "stock", "url": "https://stock.example.com/in", "secret": new_secret()},
+    ]
+    env = stack.env(EXPIRY_WEBHOOKS=json.dumps(endpoints))
+    migrated = await asyncio.to_thread(run, "service.migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.splitlines()[-1] == (
+        "webhook endpoints registered: crm, stock (a delivery is written for each expiry from "
+        "now on)"
+    )
+    [rid] = await support.insert_holds(stack.database_url, 1)
+    async with support.pg_connection(stack.database_url) as conn:
+        await postgres.expire_batch(conn, [rid], ["a"], [1], worker="w")
+    assert sorted(row["endpoint"] for row in await deliveries(stack)) == ["crm", "stock"]

@@ -6,18 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import uuid
 from collections import Counter
 
+import aio_pika
 import httpx
 import pytest
 
+from service.adapters import postgres
 from tests import support
 from tests.acceptance.processes import run, start, stop
 from tests.events_support import (
     all_sent,
     bind_reader_queue,
+    collect_events,
     insert_events,
     outbox,
+    running_relay,
     take_events,
 )
 
@@ -171,3 +176,56 @@ async def test_it_refuses_a_claim_its_publish_may_outlive(stack: support.Stack) 
         "EXPIRY_PUBLISH_TIMEOUT_SECONDS (10), and by the mark's round trip: a batch's claim "
         "must outlive its publish"
     )
+
+
+async def test_replay_to_sends_a_queue_bound_later_the_kept_events_and_no_one_else(
+    stack: support.Stack,
+) -> None:
+    """Three expiries published to a reader bound before; a queue declared after gets
+    none; --replay-to it, as the operator: the three, with their message ids, on that
+    queue alone (the first reader gets no copy), audited; an unknown queue is refused in
+    one line (exit 2)."""
+    early = await bind_reader_queue(stack.amqp_url)
+    ids = await support.insert_holds(stack.database_url, 3)
+    async with support.pg_connection(stack.database_url) as conn:
+        await postgres.expire_batch(conn, ids, ["a", "b", "c"], [1, 1, 1], worker="w")
+    async with running_relay(stack.with_settings(relay_poll_seconds=0.2).settings):
+        await support.eventually(lambda: all_sent(stack, 3))
+    first = await collect_events(stack.amqp_url, early, 3)
+    late = await _declared_unbound(stack.amqp_url)
+    env = stack.env(
+        DATABASE_URL=support.as_role(stack.database_url, "expiry_operator"),
+        EXPIRY_REPLAY_OPERATORS="alice",
+    )
+    asked = ("--replay-to", late, "--since", "1h", "--operator", "alice")
+    done = await asyncio.to_thread(run, RELAY, *asked, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = done.stdout.splitlines()
+    assert line.startswith(f"replay to queue {late} from ")
+    assert line.endswith(": 3 event(s) published and confirmed, 0 not")
+    replayed = await collect_events(stack.amqp_url, late, 3)
+    assert sorted(e.message_id for e in replayed) == sorted(e.message_id for e in first)
+    assert await take_events(stack.amqp_url, early) == []  # no copy for the first reader
+    async with support.pg_connection(stack.database_url) as conn:
+        audit = await conn.fetch(
+            "SELECT kind, target, events, outcome, operator FROM history_requests"
+        )
+    assert [tuple(row) for row in audit] == [("replay-to", late, 3, "done", "alice")]
+    missing = await asyncio.to_thread(
+        run, RELAY, "--replay-to", "nowhere", "--since", "1h", "--operator", "alice", env=env
+    )
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert missing.stderr.strip() == (
+        "python -m service.relay: refused: --replay-to: no queue 'nowhere' on the broker: "
+        "declare and bind it first (docs/events.md)"
+    )
+
+
+async def _declared_unbound(amqp_url: str) -> str:
+    """A durable queue bound to nothing (as a reader's, before it binds): its name."""
+    name = f"late-{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(name, durable=True)
+    return name

@@ -164,7 +164,8 @@ JOBS: dict[str, dict[str, set[str]]] = {
     SCAN_USER: {"configure": set(), "write": {topology.EXCHANGE}, "read": set()},
     OPERATOR_USER: {
         "configure": set(),
-        "write": {topology.EXCHANGE, topology.DEAD_EXCHANGE},
+        # amq.default: a replay of events to one queue (python -m service.relay --replay-to)
+        "write": {topology.EXCHANGE, topology.DEAD_EXCHANGE, "amq.default"},
         "read": {topology.DEAD_QUEUE},
     },
     RELAY_USER: {"configure": set(), "write": {topology.EVENTS_EXCHANGE}, "read": set()},

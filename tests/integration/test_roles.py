@@ -727,6 +727,8 @@ CANNOT = {
         f"UPDATE webhook_deliveries SET reservation_id = {NIL}",
         "UPDATE webhook_deliveries SET created_at = now()",  # since: --enable may move it
         "TRUNCATE webhook_deliveries",
+        "INSERT INTO history_requests (kind, target, since, until, events, outcome, operator, "
+        "os_user, host) VALUES ('backfill', 'e', now(), now(), 0, 'done', 'o', 'u', 'h')",
         "DELETE FROM schema_migrations",
         "CREATE TABLE public.intruder (id int)",
     ],
@@ -862,6 +864,14 @@ GRANTS = {
     ),
     (DELIVER, "dead_letter_events", "INSERT"): "dead_letter_id kind operator detail",
     (DELIVER, "schema_migrations", "SELECT"): EVERY_COLUMN,
+    # History (an operator's acts): audited; a backfill queues deliveries.
+    (OPERATOR, "webhook_deliveries", "INSERT"): (
+        "endpoint message_id reservation_id hold_until expired_at origin"
+    ),
+    (OPERATOR, "history_requests", "INSERT"): (
+        "kind target since until events outcome operator os_user host"
+    ),
+    (OPERATOR, "history_requests", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "webhook_endpoints", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "webhook_deliveries", "SELECT"): EVERY_COLUMN,
     (OPERATOR, "webhook_deliveries", "UPDATE"): (
