@@ -48,6 +48,7 @@ PHASES = (
     "relay",
     "events-latency",
     "webhooks",
+    "pooler",
     "scan-memory",
 )
 

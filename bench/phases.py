@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Awaitable, Callable, Mapping
 
-from bench import event_phases, webhook_phases
+from bench import event_phases, pooler_phases, webhook_phases
 from bench.config import Options
 from bench.limits import Limits
 from bench.measurements import Bench
@@ -73,6 +73,7 @@ async def service_runs(bench: Bench, options: Options, results: Results, say: Sa
         "relay": lambda: event_phases.relay(bench, results, say),
         "events-latency": lambda: event_phases.latency(bench, options, results, say),
         "webhooks": lambda: webhook_phases.webhooks(bench, results, say),
+        "pooler": lambda: pooler_phases.pooler(bench, results, say),
     }
     for phase, run in phases.items():
         if options.runs(phase):

@@ -4,8 +4,8 @@ framework's work in the same process or on its core.
 
 ``python -m bench.receiver --port-file F --out J`` listens on 127.0.0.1 (a free port,
 written to F), answers every request ``200`` with an empty body on a kept-alive
-connection (HTTP/1.1, read with ``Content-Length`` only: what httpx sends for a body of
-bytes), and at SIGTERM writes to J ``{"requests": n, "distinct": n, "invalid": n,
+connection (HTTP/1.1, read with ``Content-Length`` only: what the deliverer sends), and
+at SIGTERM writes to J ``{"requests": n, "distinct": n, "invalid": n,
 "first": t, "last": t}``: the requests, their distinct ``webhook-id`` headers (a
 delivery made twice counts once), the requests it could not read (answered ``400``, the
 connection closed), and the arrival of the first and the last request
@@ -83,7 +83,7 @@ def head_of(head: bytes) -> tuple[int, bytes] | None:
 
 
 class Receiving(asyncio.Protocol):
-    """One connection: requests one after the other (httpx does not pipeline)."""
+    """One connection: requests one after the other (the deliverer does not pipeline)."""
 
     def __init__(self, tally: Tally) -> None:
         self.tally = tally

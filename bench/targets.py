@@ -18,6 +18,7 @@ LAG_BUDGET_SECONDS = 2.0  # plus the scan interval
 EVENTS_ON_VS_OFF = 0.85
 CONFIRM_P99_MS = 250.0
 CONFIRM_SHARE = 99.0  # % of the events within CONFIRM_P99_MS
+POOLER_VS_STRAIGHT = 0.85
 
 
 def targets(results: Results, options: Options) -> list[Check]:
@@ -84,7 +85,20 @@ def targets(results: Results, options: Options) -> list[Check]:
         ),
         below_check(results, f"lag p99 at a sustained {options.rate:,}/s", "lag.p99", budget, "s"),
     ]
-    return checks + event_targets(results, options)
+    return checks + event_targets(results, options) + pooler_targets(results)
+
+
+def pooler_targets(results: Results) -> list[Check]:
+    """Issue 45's: one consumer through a transaction pooler against straight."""
+    return [
+        ratio_check(
+            results,
+            "1 consumer through PgBouncer (transaction mode) vs straight",
+            "e2e.pooler_pgbouncer",
+            "e2e.pooler_straight",
+            POOLER_VS_STRAIGHT,
+        )
+    ]
 
 
 def event_targets(results: Results, options: Options) -> list[Check]:
@@ -144,5 +158,10 @@ def other_ratios(results: Results) -> list[tuple[str, str]]:
             "e2e.webhooks_none",
         ),
         ("webhooks: 2 deliverers vs 1, deliveries/s", "webhooks.k2", "webhooks.k1"),
+        (
+            "1 consumer, straight with EXPIRY_DB_POOLER=transaction vs without",
+            "e2e.pooler_settings",
+            "e2e.pooler_straight",
+        ),
     ]
     return [(what, show_ratio(ratio(results, top, bottom))) for what, top, bottom in pairs]

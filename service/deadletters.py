@@ -4,9 +4,10 @@ dead-lettered commands.
 What each action does is ``service/ops``': what an act selects and how its
 confirmation acts on exactly what its dry run showed (``plans.py``), what a
 replay will do and who may (``dead_letters.py``), the replay itself
-(``replay.py``) and the walk of the dead queue (``dead_queue.py``). This module
-reads the command line, opens the database (and, where needed, the broker),
-prints and chooses the exit code.
+(``replay.py``; one endpoint's dead webhook deliveries a page at a time:
+``plan_pages.py``) and the walk of the dead queue (``dead_queue.py``). This module
+reads the command line (its parser: ``deadletter_options.py``), opens the database
+(and, where needed, the broker), prints and chooses the exit code.
 """
 
 from __future__ import annotations
@@ -15,29 +16,20 @@ import argparse
 import asyncio
 import contextlib
 import json
-import re
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from service.adapters import amqp, postgres
 from service.adapters.amqp.connection import UNREACHABLE
-from service.cli import common_options, positive, run_command
+from service.cli import run_command
 from service.core.errors import UsageError
-from service.ops import dead_letters, dead_queue, plan_file, plans, replay
+from service.deadletter_options import build_parser as build_parser  # its parser, re-exported
+from service.ops import dead_letters, dead_queue, plan_file, plan_pages, plans, replay
 from service.ops.dead_letters import NEEDS_OPERATOR
 from service.settings import Settings
 
 NAME = "expiry-deadletters"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``1d`` in seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration like 90s, 15m, 2h or 1d: {text!r}")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 async def list_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -71,14 +63,25 @@ async def show_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def selection_of(args: argparse.Namespace) -> plans.Selection:
     """Named dead letters, or (``--all``) the group the filters describe (an empty filter
-    is refused: it would select nothing)."""
+    is refused: it would select nothing; ``--since`` and ``--until`` read as of now)."""
     error_class = dead_letters.filter_value(args.error_class, "--error-class")
     give_up = dead_letters.filter_value(args.give_up, "--give-up")
+    endpoint = dead_letters.filter_value(getattr(args, "endpoint", None), "--endpoint")
     if args.all:
-        return plans.Selection(group=plans.Group(error_class, give_up, args.status))
-    if error_class or give_up or args.status:
-        raise UsageError("--error-class, --give-up and --status select a group: add --all")
+        since, until = getattr(args, "since", None), getattr(args, "until", None)
+        window = plans.bounds(since, until, datetime.now(UTC))
+        group = plans.Group(error_class, give_up, args.status, endpoint, *window)
+        return plans.Selection(group=group)
+    if given := _filters_given(args):
+        verb = "selects" if len(given) == 1 else "select"
+        raise UsageError(f"{', '.join(given)} {verb} a group: add --all")
     return plans.Selection(keys=plans.keys_of(args.ids))
+
+
+def _filters_given(args: argparse.Namespace) -> list[str]:
+    """The group's filters given on the command line."""
+    names = ("error_class", "give_up", "status", "endpoint", "since", "until")
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) is not None]
 
 
 async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -88,19 +91,21 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
     on each dead letter it selected, one without ``--operator`` too."""
     actor = _actor_of(args)
     saved = _saved_plan(args)
+    selection = selection_of(args) if saved is None else saved.selection
     async with postgres.connected(settings, name=NAME) as conn:
         if actor is None:
-            rows = await _selected_anyway(conn, args, saved)
+            rows = await _selected_anyway(conn, args, saved, selection)
             await dead_letters.refuse(conn, dead_letters.unnamed_actor(), rows, NEEDS_OPERATOR)
-        planned, rows = await _planned(conn, args, saved)
+        planned, rows = await _planned(conn, args, saved, selection)
         lines: list[str] = []
+        tail = await plan_pages.tail_lines(conn, planned)
         if saved is None:
             shown = replay.dry_run(rows, await dead_letters.expectations(conn, rows, settings))
-            lines = replay.report_lines(shown, dry_run=True) + plans.tail_lines(planned)
+            lines = plan_pages.shown_lines(shown, dry_run=True) + tail
             if args.dry_run:
                 return _print(args, lines, plan_file.document(planned, shown))
         if not planned.items:
-            empty = replay.report_lines([], dry_run=False) + plans.tail_lines(planned)
+            empty = replay.report_lines([], dry_run=False) + tail
             return _print(args, empty, {"results": [], "left_out": [], "beyond": planned.beyond})
         assert actor is not None  # refused above
         why = dead_letters.refusal(settings, actor) or await unconfirmed(
@@ -108,26 +113,38 @@ async def replay_command(settings: Settings, args: argparse.Namespace) -> int:
         )
         if why is not None:
             await dead_letters.refuse(conn, actor, rows, why)
-        confirmed = await plans.confirm(conn, planned)
-        expectations = await dead_letters.expectations(conn, confirmed.rows, settings)
-        # Webhook deliveries' dead letters are replayed in the database alone.
-        broker = (
-            amqp.connected(settings, name=f"{NAME} {actor.operator}")
-            if replay.needs_broker(confirmed.rows)
-            else contextlib.nullcontext(None)
-        )
-        async with broker as connection:
-            results = await replay.replay(
-                settings, conn, connection, confirmed.rows, actor, expectations
-            )
-    lines = replay.report_lines(results, dry_run=False) + confirmed.lines()
+        results, confirmed = await _replayed(settings, conn, planned, actor)
+    lines = plan_pages.shown_lines(results, dry_run=False) + confirmed.lines()
     machine = {
         "results": [r.as_json() for r in results],
         "left_out": _left_out(confirmed),
+        "left_out_not_named": confirmed.unnamed,
         "beyond": planned.beyond,
     }
     _print(args, lines, machine)
     return 1 if replay.any_failed(results) else 0
+
+
+async def _replayed(
+    settings: Settings, conn: postgres.Connection, planned: plans.Plan, actor: postgres.Actor
+) -> tuple[list[replay.ReplayResult], plans.Confirmed]:
+    """Confirm the plan and replay what it claimed: one endpoint's dead deliveries a page
+    per transaction (no broker), any other at once (the broker only for commands)."""
+    if plan_pages.paged(planned):
+        return await plan_pages.replay(conn, settings, planned, actor)
+    confirmed = await plans.confirm(conn, planned)
+    expectations = await dead_letters.expectations(conn, confirmed.rows, settings)
+    # Webhook deliveries' dead letters are replayed in the database alone.
+    broker = (
+        amqp.connected(settings, name=f"{NAME} {actor.operator}")
+        if replay.needs_broker(confirmed.rows)
+        else contextlib.nullcontext(None)
+    )
+    async with broker as connection:
+        results = await replay.replay(
+            settings, conn, connection, confirmed.rows, actor, expectations
+        )
+    return results, confirmed
 
 
 def _actor_of(args: argparse.Namespace) -> postgres.Actor | None:
@@ -144,29 +161,36 @@ def _saved_plan(args: argparse.Namespace) -> plans.Plan | None:
     is itself the confirmation of the dry run that made it."""
     if args.plan is None:
         return None
-    if args.error_class is not None or args.give_up is not None or args.status is not None:
-        raise UsageError("--plan carries its selection: no --error-class, --give-up or --status")
+    if given := _filters_given(args):
+        raise UsageError(f"--plan carries its selection: no {', '.join(given)}")
     if args.dry_run:
         raise UsageError("--plan replays a saved dry run: without --dry-run")
     return plan_file.read(args.plan)
 
 
 async def _planned(
-    conn: postgres.Connection, args: argparse.Namespace, saved: plans.Plan | None
+    conn: postgres.Connection,
+    args: argparse.Namespace,
+    saved: plans.Plan | None,
+    selection: plans.Selection,
 ) -> tuple[plans.Plan, list[Any]]:
-    """A new plan and its records, or the saved plan and its records as they are now."""
+    """A new plan of ``selection`` and its records, or the saved plan and its records as
+    they are now."""
     if saved is None:
-        return await plans.plan(conn, "replay", selection_of(args), args.limit)
+        return await plans.plan(conn, "replay", selection, args.limit)
     return saved, await plans.records_of(conn, saved)
 
 
 async def _selected_anyway(
-    conn: postgres.Connection, args: argparse.Namespace, saved: plans.Plan | None
+    conn: postgres.Connection,
+    args: argparse.Namespace,
+    saved: plans.Plan | None,
+    selection: plans.Selection,
 ) -> list[Any]:
     """The records a replay without ``--operator`` asked for, to audit its refusal on
     (none, when it names none that can be replayed)."""
     try:
-        return (await _planned(conn, args, saved))[1]
+        return (await _planned(conn, args, saved, selection))[1]
     except UsageError:
         return []
 
@@ -262,115 +286,6 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
         "tidy": tidy_command,
     }
     return await handlers.get(args.action, act_command)(settings, args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m service.deadletters",
-        description="List, show, replay, own, close and tidy dead-lettered expiration commands.",
-    )
-    actions = parser.add_subparsers(dest="action", required=True)
-    common = [common_options()]
-    lister = actions.add_parser("list", help="dead letters, newest first", parents=common)
-    lister.add_argument(
-        "--error-class", help="only this class, e.g. db.unavailable, poison.not-json"
-    )
-    lister.add_argument(
-        "--older-than",
-        type=parse_duration,
-        metavar="AGE",
-        help="last seen at least AGE ago (90s, 15m, 2h, 1d)",
-    )
-    lister.add_argument(
-        "--newer-than", type=parse_duration, metavar="AGE", help="last seen within AGE"
-    )
-    lister.add_argument("--status", choices=("dead", "closed", "replayed", "all"), default="dead")
-    lister.add_argument("--limit", type=positive(int, "a whole number"), default=100)
-    lister.add_argument("--json", action="store_true", help="machine-readable output")
-    shower = actions.add_parser(
-        "show", help="everything known about one dead letter", parents=common
-    )
-    shower.add_argument("id", help="record id or message id")
-    shower.add_argument("--json", action="store_true")
-    replayer = _selecting_parser(
-        actions, "replay", "republish dead letters (audited)", common, plan=True
-    )
-    replayer.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="show what would happen, change nothing (with --json: a plan to save for --plan)",
-    )
-    replayer.add_argument("--json", action="store_true", help="machine-readable output")
-    for action, what, text in ACTS:
-        _selecting_parser(actions, action, what, common).add_argument(
-            "--text", required=True, help=text
-        )
-    tidier = actions.add_parser(
-        "tidy",
-        help="take copies of closed and replayed dead letters off expirations.dead",
-        parents=common,
-    )
-    tidier.add_argument("--operator", help="who does it (required; in EXPIRY_REPLAY_OPERATORS)")
-    tidier.add_argument("--dry-run", action="store_true", help="count, change nothing")
-    return parser
-
-
-ACTS = (
-    ("assign", "give dead letters an owner (audited)", "the owner"),
-    ("note", "set dead letters' note (audited)", "the note"),
-    (
-        "close",
-        "close without a replay, park the hold, take its message off expirations.dead (audited)",
-        "why it will not be replayed",
-    ),
-    ("reopen", "reopen a closed dead letter, and unpark its hold (audited)", "why"),
-)
-
-
-def _selecting_parser(
-    actions: argparse._SubParsersAction[argparse.ArgumentParser],
-    action: str,
-    what: str,
-    parents: list[argparse.ArgumentParser],
-    *,
-    plan: bool = False,
-) -> argparse.ArgumentParser:
-    """A subcommand that acts on named dead letters, or on a group with ``--all`` (or, with
-    ``plan``, on the dead letters a saved dry run listed)."""
-    parser = actions.add_parser(action, help=what, parents=parents)
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("ids", nargs="*", default=[], metavar="ID", help="record or message ids")
-    target.add_argument(
-        "--all",
-        action="store_true",
-        help="a whole group, as the filters below describe it (every open one without them); "
-        "its list is shown and confirmed first",
-    )
-    if plan:
-        target.add_argument(
-            "--plan",
-            metavar="FILE",
-            help="exactly the dead letters a saved dry run listed (replay ... --dry-run --json "
-            "> FILE): those changed or gone since are left out and named, as are newcomers",
-        )
-    parser.add_argument("--error-class", help="with --all: only this error class")
-    parser.add_argument("--give-up", help="with --all: only this give-up reason")
-    parser.add_argument("--status", choices=("dead", "closed"), help="with --all: only this status")
-    parser.add_argument(
-        "--operator",
-        help="who does it (required; audited with the database user, the OS user and the "
-        "host; replay, close and reopen: one of EXPIRY_REPLAY_OPERATORS)",
-    )
-    parser.add_argument(
-        "--yes", action="store_true", help="with --all: without asking (needed off a terminal)"
-    )
-    parser.add_argument(
-        "--limit",
-        type=positive(int, "a whole number"),
-        default=plans.PLAN_LIMIT,
-        help=f"with --all: at most this many (at most {plans.PLAN_LIMIT})",
-    )
-    return parser
 
 
 def main() -> None:

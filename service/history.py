@@ -70,7 +70,7 @@ async def backfill(
                 f"--backfill: no endpoint {endpoint!r} is registered: start a deliverer with it "
                 "first (it registers its endpoints), then backfill it"
             )
-        async with conn.transaction():
+        async with postgres.transaction(conn):
             found, queued = await history_rows.backfill(conn, endpoint, window.since, window.until)
             request = history_rows.Request(
                 "backfill", endpoint, window.since, window.until, queued, "done", actor
@@ -167,7 +167,7 @@ async def _publish_window(
         published, failed = published + confirmed, failed + len(outcomes) - confirmed
         page.clear()
 
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
+    async with postgres.transaction(conn, isolation="repeatable_read", readonly=True):
         async for event in history_rows.kept(conn, window.since, window.until):
             body = event_body(event.reservation_id, event.hold_until, event.expired_at)
             page.append(Command(body, event.message_id))

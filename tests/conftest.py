@@ -27,6 +27,8 @@ from service.adapters.postgres.databases import create_database, drop_database
 from service.adapters.postgres.schema import migrate
 from service.declare import declare
 from service.demo.workspace import sandbox_created
+from tests import pooler
+from tests.pooler import Pooler
 from tests.support import (
     RUN_ID,
     Endpoints,
@@ -76,9 +78,25 @@ def template_database(endpoints: Endpoints) -> Iterator[str]:
     asyncio.run(drop_database(endpoints.database_url, name))
 
 
+@pytest.fixture(scope="session")
+def stack_pooler(endpoints: Endpoints) -> Iterator[Pooler | None]:
+    """In the pooler leg (``TEST_POOLER=pgbouncer``: ``tests/pooler.py``), PgBouncer in
+    front of the machine's PostgreSQL, which every stack's settings then go through;
+    else None."""
+    if not pooler.wanted():
+        yield None
+        return
+    with pooler.running_pgbouncer(endpoints.database_url) as running:
+        yield running
+
+
 @contextlib.asynccontextmanager
-async def _private_stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
-    """A private, migrated database and an empty private vhost; removed afterwards."""
+async def _private_stack(
+    endpoints: Endpoints, template_database: str, through: Pooler | None
+) -> AsyncIterator[Stack]:
+    """A private, migrated database and an empty private vhost; removed afterwards. The
+    stack's settings reach the database ``through`` the pooler when there is one; its
+    ``database_url`` (the test's own reads) goes straight to the server."""
     number = next(_counter)
     management = Management(endpoints.management_url)
     async with sandbox_created(
@@ -92,25 +110,37 @@ async def _private_stack(endpoints: Endpoints, template_database: str) -> AsyncI
     ) as box:
         # The management API of this run's broker, with the credentials of AMQP_URL.
         management_url = without_credentials(endpoints.management_url)
+        settings = stack_settings(box.database_url, box.amqp_url, management_url=management_url)
+        if through is not None:
+            settings = settings.model_copy(
+                update={
+                    "database_url": through.url_for(box.database_url),
+                    "db_pooler": "transaction",
+                }
+            )
         yield Stack(
             database_url=box.database_url,
             amqp_url=box.amqp_url,
             vhost=box.vhost,
             management=management,
-            settings=stack_settings(box.database_url, box.amqp_url, management_url=management_url),
+            settings=settings,
         )
 
 
 @pytest.fixture
-async def stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
+async def stack(
+    endpoints: Endpoints, template_database: str, stack_pooler: Pooler | None
+) -> AsyncIterator[Stack]:
     """A private, migrated database and a private vhost holding the declared topology."""
-    async with _private_stack(endpoints, template_database) as opened:
+    async with _private_stack(endpoints, template_database, stack_pooler) as opened:
         await declare(opened.settings)
         yield opened
 
 
 @pytest.fixture
-async def bare_stack(endpoints: Endpoints, template_database: str) -> AsyncIterator[Stack]:
+async def bare_stack(
+    endpoints: Endpoints, template_database: str, stack_pooler: Pooler | None
+) -> AsyncIterator[Stack]:
     """A private, migrated database and an empty private vhost (nothing declared)."""
-    async with _private_stack(endpoints, template_database) as opened:
+    async with _private_stack(endpoints, template_database, stack_pooler) as opened:
         yield opened

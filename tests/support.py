@@ -195,6 +195,8 @@ class Stack:
         )
         if self.settings.management_url is not None:
             env.update(EXPIRY_MANAGEMENT_URL=self.settings.management_url)
+        if self.settings.db_pooler != "none":
+            env.update(EXPIRY_DB_POOLER=self.settings.db_pooler)
         env.update(extra)
         return env
 

@@ -1,9 +1,10 @@
 """Settling one attempt by its answer (``core/webhook_policy.py``), only while the
-claim's lease holds: delivered (the row deleted), put off (tried again later; after a
-410 Gone, once the endpoint is enabled again), or dead once out of attempts or age (a
-dead letter in ``dead_letters``, its delivery kept for a replay); and the endpoint's
-shared state (failures in a row and its pause, the hold its ``Retry-After`` asks for,
-disabled) and the metrics with it.
+claim's lease holds: delivered (the row deleted, in one statement with the others
+answered meanwhile: ``receipts.py``), put off (tried again later; after a 410 Gone, once
+the endpoint is enabled again), or dead once out of attempts or age (a dead letter in
+``dead_letters``, its delivery kept for a replay); and the endpoint's shared state
+(failures in a row and its pause, the hold its ``Retry-After`` asks for, disabled) and
+the metrics with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from service.core import webhook_policy
 from service.core.dead_letter import DeadLetterRecord
 from service.core.default_owners import default_owner
 from service.core.webhook_policy import Answer, RetryPolicy, Verdict
+from service.deliver.receipts import Receipts
 from service.settings import Settings
 
 log = logging.getLogger("service.deliver")
@@ -49,13 +51,33 @@ class Bookkeeper:
     token: UUID
     rng: Callable[[], float]
 
+    def __post_init__(self) -> None:
+        self.receipts = Receipts(self.endpoint, self.pool, self.metrics, self.token)
+
+    def delivered(
+        self, delivery: rows.Delivery, answer: Answer, *, seconds: float, probe: bool = False
+    ) -> None:
+        """A 2xx: recorded with the others answered meanwhile (``receipts.py``, which
+        counts it, or says its lapse)."""
+        self.receipts.add(delivery, self._attempted(delivery, answer, seconds, probe))
+
     async def settle(
         self, delivery: rows.Delivery, answer: Answer, *, seconds: float, probe: bool = False
     ) -> bool:
-        """Record the attempt (in the attempt log, whatever else) and its answer; False
-        when the claim had lapsed (then the delivery is left as it was: whoever claims it
-        next delivers it again)."""
-        attempted = rows.Attempted(
+        """A failure: record the attempt (in the attempt log, whatever else) and its
+        answer; False when the claim had lapsed (then the delivery is left as it was:
+        whoever claims it next delivers it again)."""
+        attempted = self._attempted(delivery, answer, seconds, probe)
+        async with self.pool.acquire() as conn:
+            if answer.verdict is Verdict.GONE:
+                return await self._gone(conn, delivery, answer, attempted)
+            return await self._failed(conn, delivery, answer, attempted)
+
+    def _attempted(
+        self, delivery: rows.Delivery, answer: Answer, seconds: float, probe: bool
+    ) -> rows.Attempted:
+        """The attempt as the attempt log keeps it."""
+        return rows.Attempted(
             endpoint=self.endpoint,
             message_id=delivery.message_id,
             number=delivery.attempts + 1,
@@ -65,17 +87,6 @@ class Bookkeeper:
             duration_ms=round(seconds * 1000, 3),
             deliverer=self.settings.worker_id,
         )
-        async with self.pool.acquire() as conn:
-            if answer.verdict is Verdict.DELIVERED:
-                settled = await rows.delivered(
-                    conn, delivery.id, token=self.token, attempted=attempted
-                )
-                if settled:
-                    self.metrics.delivered.add(1, {"endpoint": self.endpoint})
-                return _said(settled, self.endpoint, delivery)
-            if answer.verdict is Verdict.GONE:
-                return await self._gone(conn, delivery, answer, attempted)
-            return await self._failed(conn, delivery, answer, attempted)
 
     async def _gone(
         self,

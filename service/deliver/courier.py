@@ -1,7 +1,8 @@
-"""One endpoint's deliveries in one deliverer: take tokens from the endpoint's shared
-rate limit, claim that many due deliveries, POST each (at most ``concurrency`` at once),
-and settle each by its answer (``bookkeeping.py``). Each endpoint has a courier of its
-own, so a paused or slow endpoint holds up no other.
+"""One endpoint's deliveries in one deliverer: claim as many due deliveries as the
+endpoint's shared rate limit allows (one statement), POST each (at most ``concurrency``
+at once), and settle each by its answer (``bookkeeping.py``; the 2xx in batches,
+``receipts.py``, a request's place free as soon as it is answered). Each endpoint has a
+courier of its own, so a paused or slow endpoint holds up no other.
 
 On SIGTERM a courier claims nothing more and settles the attempts in flight (each ends
 within its endpoint's timeout), then returns.
@@ -29,7 +30,9 @@ from service.adapters.telemetry.deliver_metrics import DeliverMetrics
 from service.adapters.telemetry.propagation import carrier_for, parent_of, unsampled
 from service.adapters.telemetry.recording import Recorder
 from service.core.events import event_body
+from service.core.webhook_policy import Verdict
 from service.deliver.bookkeeping import Bookkeeper
+from service.deliver.receipts import AGAIN
 from service.settings import Endpoint, Settings
 
 log = logging.getLogger("service.deliver")
@@ -97,42 +100,31 @@ class Courier:
                 await _sleep(stop, wait)
         if self.in_flight:
             await asyncio.wait(self.in_flight)
+        await self.books.receipts.written()
 
     async def _claim(self, free: int) -> tuple[list[rows.Delivery], float, bool]:
         """Up to ``free`` due deliveries the rate limit allows now, how long to wait before
         looking again, and whether the one claimed is the probe that ends a pause."""
         endpoint, settings = self.endpoint, self.settings
-        burst = burst_of(endpoint)
         async with self.pool.acquire() as conn:
-            tokens = await endpoints.take_tokens(
+            claim = await rows.claim(
                 conn,
                 self.name,
+                free,
                 rate=endpoint.rate_per_second,
-                burst=burst,
-                wanted=free,
+                burst=burst_of(endpoint),
                 probe_seconds=settings.webhook_lease_seconds,
-            )
-            if not tokens.registered:
-                log.warning("webhook.retired", extra={"endpoint": self.name})
-                return [], RETIRED_LOOK_SECONDS, False
-            self.metrics.looked()  # the look succeeded, whatever it allows
-            if tokens.granted == 0:
-                return [], self._wait(tokens), False
-            batch = await rows.claim(
-                conn,
-                self.name,
-                tokens.granted,
                 lease_seconds=settings.webhook_lease_seconds,
                 token=self.token,
             )
-            await endpoints.give_back(
-                conn,
-                self.name,
-                tokens.granted - len(batch),
-                burst=burst,
-                probe=tokens.probe and not batch,
-            )
-        if tokens.probe and batch:
+        tokens, batch = claim.tokens, claim.deliveries
+        if not tokens.registered:
+            log.warning("webhook.retired", extra={"endpoint": self.name})
+            return [], RETIRED_LOOK_SECONDS, False
+        self.metrics.looked()  # the look succeeded, whatever it allows
+        if tokens.granted == 0:
+            return [], self._wait(tokens), False
+        if tokens.probe:
             log.info("webhook.probe", extra={"endpoint": self.name})
         return batch, 0.0 if batch else settings.webhook_poll_seconds, tokens.probe
 
@@ -155,6 +147,9 @@ class Courier:
         self.metrics.attempt(self.name, answer.error_class or "delivered", seconds)
         if span is not None:
             _ended(span, answer.status, answer.error_class, answer.reason)
+        if answer.verdict is Verdict.DELIVERED:  # recorded with the others answered meanwhile
+            self.books.delivered(delivery, answer, seconds=seconds, probe=probe)
+            return
         try:
             settled = await self.books.settle(delivery, answer, seconds=seconds, probe=probe)
         except Exception as exc:  # the lease lapses: delivered again by the next claim
@@ -165,7 +160,7 @@ class Courier:
                     "endpoint": self.name,
                     "message_id": delivery.message_id,
                     "error_class": type(exc).__name__,
-                    "then": "its lease lapses and it is delivered again, with its webhook-id",
+                    "then": AGAIN,
                 },
             )
         if not settled:

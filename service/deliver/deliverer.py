@@ -131,7 +131,7 @@ async def retire(settings: Settings, name: str, *, yes: bool, say: Callable[[str
             say("nothing done: --yes retires it (its dead letters stay)")
             return 0
         try:
-            async with conn.transaction():
+            async with postgres.transaction(conn):
                 _, pending, dead = await endpoints.retire(conn, name)
         except asyncpg.LockNotAvailableError:
             raise RetireBusy(
@@ -151,7 +151,7 @@ async def enable(settings: Settings, name: str, *, say: Callable[[str], None]) -
     opened = postgres.pooled(settings, name="expiry-deliver enable", size=1)
     async with opened as pool, pool.acquire() as conn:
         await require_current_schema(conn)
-        async with conn.transaction():
+        async with postgres.transaction(conn):
             enabled = await endpoints.enable(conn, name)
     if not enabled.registered:
         raise UsageError(f"--enable: no endpoint {name!r} is registered")

@@ -21,8 +21,8 @@ from typing import Any
 import asyncpg
 
 from service.adapters import postgres
-from service.adapters.postgres import ownership
-from service.core import recorded_policy
+from service.adapters.postgres import dead_letter_pages, ownership
+from service.core import recorded_policy, webhook_policy
 from service.core.errors import UsageError
 from service.core.inputs import clean_text
 from service.settings import OPERATOR_LIMIT, Settings
@@ -50,6 +50,8 @@ OPEN = ("dead", "closed")
 UNNAMED = ""
 UNNAMED_SHOWN = "(none given)"
 NEEDS_OPERATOR = "this needs --operator NAME: every act is audited with who did it"
+# What replaying a webhook delivery's dead letter does, whatever became of its hold.
+REDELIVERS = "sent again with the same webhook-id"
 
 
 def cell(value: Any) -> str:
@@ -209,7 +211,10 @@ def not_found(key: str) -> str:
 
 
 async def expectation(conn: postgres.Connection, row: asyncpg.Record | Mapping[str, Any]) -> str:
-    """What replaying this dead letter will do, from the reservation's state now."""
+    """What replaying this dead letter will do, from the reservation's state now (a
+    webhook delivery's: it is sent again)."""
+    if is_delivery(row):
+        return REDELIVERS
     if row["reservation_id"] is None:
         return "the body is unusable: it will be dead-lettered again"
     state = await postgres.reservation_state(conn, row["reservation_id"])
@@ -225,15 +230,22 @@ async def expectations(
     conn: postgres.Connection, rows: list[asyncpg.Record], settings: Settings
 ) -> dict[int, str]:
     """What replaying each row will do (``expectation``), and what today's retry policy
-    changes from the one it was dead-lettered under, by record id."""
+    changes from the one it was dead-lettered under (a command's: a webhook delivery is
+    not retried under it), by record id."""
     current = recorded_policy.policy_in_force(settings)
     found = {}
     for row in rows:
         said = await expectation(conn, row)
-        if changed := recorded_policy.changes_for_record(dict(row), current):
+        changed = [] if is_delivery(row) else recorded_policy.changes_for_record(dict(row), current)
+        if changed:
             said += "; retry policy since it was dead-lettered: " + "; ".join(changed)
         found[row["id"]] = said
     return found
+
+
+def is_delivery(row: asyncpg.Record | Mapping[str, Any]) -> bool:
+    """Whether the record is a webhook delivery's dead letter (else a command's)."""
+    return webhook_policy.of_dead_letter_key(str(row["message_id"])) is not None
 
 
 def actor_named(operator: str | None) -> postgres.Actor:
@@ -269,11 +281,14 @@ def refusal(settings: Settings, actor: postgres.Actor, doing: str = "replay") ->
 async def refuse(
     conn: postgres.Connection, actor: postgres.Actor, rows: list[asyncpg.Record], why: str
 ) -> None:
-    """Audit the refusal for every selected dead letter, then raise ``UsageError(why)``."""
-    for row in rows:
-        await postgres.record_replay(
-            conn, row["id"], row["message_id"], actor=actor, outcome="refused", detail=why
-        )
+    """Audit the refusal for every selected dead letter (a page at a time), then raise
+    ``UsageError(why)``."""
+    for start in range(0, len(rows), dead_letter_pages.PAGE):
+        page = rows[start : start + dead_letter_pages.PAGE]
+        refused = [
+            dead_letter_pages.Audited(r["id"], r["message_id"], "refused", why) for r in page
+        ]
+        await dead_letter_pages.record_replays(conn, refused, actor)
     log.warning("deadletter.replay_refused", extra={"operator": actor.operator, "reason": why})
     raise UsageError(why)
 

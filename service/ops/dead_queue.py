@@ -74,13 +74,13 @@ class DeadQueue:
     @classmethod
     @contextlib.asynccontextmanager
     async def walk(
-        cls, settings: Settings, conn: postgres.Connection, connection: AbstractRobustConnection
+        cls, settings: Settings, connection: AbstractRobustConnection
     ) -> AsyncIterator[DeadQueue]:
         """The dead queue for one walk, the only one under way (another waits for it, up to
         WALK_WAIT_SECONDS: ``UsageError`` after), on channels of its own, closed after it."""
         try:
             async with (
-                revisions.walking_dead_queue(conn, wait=WALK_WAIT_SECONDS),
+                revisions.walking_dead_queue(settings, wait=WALK_WAIT_SECONDS),
                 _channels(connection) as (publish_channel, get_channel),
             ):
                 exchange = await publish_channel.get_exchange(EXCHANGE, ensure=False)
@@ -172,7 +172,7 @@ async def tidy(
 ) -> Tidied:
     """Remove the copies of closed or replayed dead letters (of ``only``'s message ids, if
     given) from the dead queue; give back every other message."""
-    async with DeadQueue.walk(settings, conn, connection) as dead:
+    async with DeadQueue.walk(settings, connection) as dead:
         return await _tidy(dead, conn, only=only, dry_run=dry_run)
 
 

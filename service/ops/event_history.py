@@ -112,7 +112,7 @@ class EventStory:
 async def read(conn: postgres.Connection, name: str) -> list[EventStory]:
     """The stories of the events ``name`` names (a message id or a reservation id), in
     one repeatable-read transaction; none when no event of that name is kept."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
+    async with postgres.transaction(conn, isolation="repeatable_read", readonly=True):
         events = await log.events_of(conn, name)
         registered = {row["name"]: row["registered_at"] for row in await conn.fetch(REGISTERED)}
         stories = []

@@ -13,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from service.adapters import postgres
+from service.adapters.postgres import locks
 from service.adapters.postgres import partitions as store
 from service.core import weeks as policy
-from service.core.errors import UsageError
+from service.core.errors import ServiceError, UsageError
 from service.core.weeks import AUDIT_TABLES, Partition
 from service.ops.dead_letters import os_user
 from service.settings import Settings
@@ -53,24 +54,40 @@ async def run(
     if refused is not None:
         raise UsageError(refused)
     who = store.Who(os_user(), socket.gethostname())
-    await store.lock_run(conn)
-    try:
-        at = now or await postgres.db_now(conn)
-        await _finish_interrupted(conn, who, report, say)
-        listed = await store.list_partitions(conn)
-        await _make_ahead(conn, listed.partitions, at, settings, who, report, say)
-        keep = timedelta(days=settings.retention_days)
-        for partition in policy.to_drop(listed.partitions, at, keep):
-            await store.detach(conn, partition)
-            await _drop_partition(conn, partition, who, report, say)
-        await _prune(conn, at, settings, who, report, say, batch)
-        await store.record_run(conn, settings.worker_id, "ok")
-    except Exception:
-        await _record_failure(conn, settings.worker_id)
-        raise
-    finally:
-        await store.unlock_run(conn)
+    async with _run_lock(settings):
+        await store.relax_session(conn, pooled=settings.db_pooler == "transaction")
+        try:
+            at = now or await postgres.db_now(conn)
+            await _finish_interrupted(conn, who, report, say)
+            listed = await store.list_partitions(conn)
+            await _make_ahead(conn, listed.partitions, at, settings, who, report, say)
+            keep = timedelta(days=settings.retention_days)
+            for partition in policy.to_drop(listed.partitions, at, keep):
+                await store.detach(conn, partition)
+                await _drop_partition(conn, partition, who, report, say)
+            await _prune(conn, at, settings, who, report, say, batch)
+            await store.record_run(conn, settings.worker_id, "ok")
+        except Exception:
+            await _record_failure(conn, settings.worker_id)
+            raise
     return report
+
+
+@contextlib.asynccontextmanager
+async def _run_lock(settings: Settings) -> AsyncIterator[None]:
+    """One run at a time (a second waits for the first to end)."""
+    try:
+        async with locks.holding(
+            settings,
+            store.RETENTION_LOCK_KEY,
+            wait=store.RUN_WAIT_SECONDS,
+            name="expiry-retention lock",
+        ):
+            yield
+    except locks.LockBusy:
+        raise ServiceError(
+            f"another retention run held the run lock for over {store.RUN_WAIT_SECONDS:g}s"
+        ) from None
 
 
 async def _finish_interrupted(
@@ -109,7 +126,7 @@ async def _make_ahead(
     for table in AUDIT_TABLES:
         mine = [p for p in partitions if p.table == table]
         for low, high in policy.to_make(mine, at, ahead):
-            async with conn.transaction():
+            async with postgres.transaction(conn):
                 made = await store.make_partition(conn, table, low, high)
                 if made is not None:
                     await store.record_action(conn, "made", table, low, high, 0, who)

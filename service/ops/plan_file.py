@@ -3,7 +3,8 @@
 ``deadletters replay ... --dry-run --json`` prints the plan as data: what the
 replay would do to each dead letter, each one's revision, the selection, and
 when the dry run read them (the database's clock). ``replay --plan FILE``
-reads it back and confirms exactly that plan (``plans.confirm``): what changed
+reads it back and confirms exactly that plan (``plans.confirm``; one endpoint's
+dead webhook deliveries a page at a time: ``plan_pages.replay``): what changed
 since, or arrived since, is left out and named, as the console's confirmation
 does. The file is untrusted input (it may have been edited, or made by
 anyone): its size, its shape, every id, revision, filter and the time are
@@ -25,11 +26,14 @@ from service.ops import plans
 from service.ops.dead_letters import cell
 from service.ops.replay import ReplayResult
 
-FILE_LIMIT = 4 * 1024 * 1024  # a plan of PLAN_LIMIT dead letters with their details
+# A plan of ENDPOINT_PLAN_LIMIT webhook deliveries' dead letters (about 300 bytes each),
+# or of PLAN_LIMIT commands' with their details.
+FILE_LIMIT = 64 * 1024 * 1024
 ID_LIMIT = 10**18  # an id has at most 18 digits, as in a confirm form
 BEYOND_LIMIT = 10**12
 _REVISION = re.compile(r"^\d{1,10}$")
-_GROUP_FILTERS = ("error_class", "give_up", "status")
+_GROUP_FILTERS = ("error_class", "give_up", "status", "endpoint")
+_GROUP_TIMES = ("since", "until")
 _STATUSES = (None, "dead", "closed")
 
 
@@ -46,10 +50,18 @@ def document(planned: plans.Plan, shown: list[ReplayResult]) -> dict[str, Any]:
         "selection": (
             {"ids": list(selection.keys)}
             if selection.group is None
-            else {"group": {name: getattr(selection.group, name) for name in _GROUP_FILTERS}}
+            else {"group": _group_document(selection.group)}
         ),
         "planned_at": planned.at.isoformat() if planned.at is not None else None,
     }
+
+
+def _group_document(group: plans.Group) -> dict[str, str | None]:
+    document = {name: getattr(group, name) for name in _GROUP_FILTERS}
+    for name in _GROUP_TIMES:
+        value = getattr(group, name)
+        document[name] = value.isoformat() if value is not None else None
+    return document
 
 
 def read(path: str) -> plans.Plan:
@@ -77,20 +89,21 @@ def parse(raw: bytes) -> plans.Plan:
     document = _mapping(data, "the file")
     if document.get("act") != "replay":
         _refuse("is not a replay's plan (act)")
+    selection = _selection(document.get("selection"))
     return plans.Plan(
         "replay",
-        _selection(document.get("selection")),
-        _items(document.get("plan")),
+        selection,
+        _items(document.get("plan"), plans.limit_of(selection)),
         _count(document.get("beyond", 0), "beyond", BEYOND_LIMIT),
         _time(document.get("planned_at")),
     )
 
 
-def _items(value: object) -> tuple[plans.Planned, ...]:
+def _items(value: object, limit: int) -> tuple[plans.Planned, ...]:
     if not isinstance(value, list):
         _refuse("has no list of dead letters (plan)")
-    if len(value) > plans.PLAN_LIMIT:
-        _refuse(f"lists more than {plans.PLAN_LIMIT} dead letters")
+    if len(value) > limit:
+        _refuse(f"lists more than {limit} dead letters")
     items = []
     for number, entry in enumerate(value):
         fields = _mapping(entry, f"plan[{number}]")
@@ -116,27 +129,48 @@ def _selection(value: object) -> plans.Selection:
             _refuse("selection.ids holds something that is not a record or message id")
         return plans.Selection(keys=tuple(dict.fromkeys(keys)))
     if set(selection) == {"group"}:
-        group = _mapping(selection["group"], "selection.group")
-        if not set(group) <= set(_GROUP_FILTERS):
-            _refuse("selection.group filters by something a dry run does not")
-        values = [group.get(name) for name in _GROUP_FILTERS]
-        if not all(value is None or _name(value, plans.NAME_LIMIT) for value in values):
-            _refuse("selection.group holds a filter that is not one a dry run made")
-        if values[2] not in _STATUSES:
-            _refuse("selection.group.status is not one a replay takes")
-        return plans.Selection(group=plans.Group(*values))
+        return plans.Selection(group=_group(_mapping(selection["group"], "selection.group")))
     _refuse("selection names neither dead letters (ids) nor a group")
+
+
+def _group(group: Mapping[str, Any]) -> plans.Group:
+    if not set(group) <= {*_GROUP_FILTERS, *_GROUP_TIMES}:
+        _refuse("selection.group filters by something a dry run does not")
+    values = [group.get(name) for name in _GROUP_FILTERS]
+    if not all(value is None or _name(value, plans.NAME_LIMIT) for value in values):
+        _refuse("selection.group holds a filter that is not one a dry run made")
+    if values[2] not in _STATUSES:
+        _refuse("selection.group.status is not one a replay takes")
+    error_class, give_up, status, endpoint = values
+    since, until = (_bound(group.get(name), name) for name in _GROUP_TIMES)
+    try:
+        return plans.Group(error_class, give_up, status, endpoint, since, until)
+    except UsageError:
+        _refuse("selection.group's window is empty (since is not before until)")
 
 
 def _time(value: object) -> datetime:
     if not isinstance(value, str) or not value:
         _refuse("does not say when its dry run was made (planned_at)")
+    return _moment(value, "planned_at")
+
+
+def _bound(value: object, what: str) -> datetime | None:
+    """A group's ``since`` or ``until``: None (no bound) or a time with its offset."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        _refuse(f"selection.group.{what} is not a time with its offset")
+    return _moment(value, f"selection.group.{what}")
+
+
+def _moment(value: str, what: str) -> datetime:
     try:
         found = plans.parse_time(value)
     except UsageError:
         found = None
     if found is None:
-        _refuse("planned_at is not a time with its offset")
+        _refuse(f"{what} is not a time with its offset")
     return found
 
 

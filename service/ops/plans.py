@@ -2,9 +2,12 @@
 and the confirmation, which acts on exactly the planned dead letters and no more.
 
 A selection names dead letters (record ids or message ids) or a group (error
-class, give-up reason and status, each of which may be "any"; an empty value,
-which would select nothing while reading as "any", is refused); it is never
-empty, so a request that selects nothing selects nothing. A plan lists
+class, give-up reason, status, endpoint and a window on when each was last
+dead-lettered, each of which may be "any"; an empty value, which would select
+nothing while reading as "any", is refused); it is never empty, so a request
+that selects nothing selects nothing. A group holds at most PLAN_LIMIT dead
+letters at once; one endpoint's dead webhook deliveries (``--endpoint``), read
+and replayed a page at a time (``plan_pages.py``), up to ENDPOINT_PLAN_LIMIT. A plan lists
 each selected dead letter with its revision (``adapters/postgres/revisions.py``),
 and when the dry run read them (the database's clock). Confirming a plan reads
 those records again: one that changed since the dry run (named with what
@@ -26,7 +29,8 @@ from typing import Any
 import asyncpg
 
 from service.adapters import postgres
-from service.adapters.postgres import revisions
+from service.adapters.postgres import dead_letter_pages, revisions
+from service.core import webhook_policy, windows
 from service.core.errors import UsageError
 from service.ops import plan_changes
 from service.ops.dead_letters import OPEN, cell
@@ -41,6 +45,9 @@ STATUSES: dict[str, tuple[str, ...]] = {
     "reopen": ("closed",),
 }
 PLAN_LIMIT = 1000
+# One endpoint's dead webhook deliveries at once (a receiver's outage): read and replayed
+# a page (dead_letter_pages.PAGE) at a time.
+ENDPOINT_PLAN_LIMIT = 100_000
 KEY_LIMIT = 300
 NAME_LIMIT = 100
 _ITEM = re.compile(r"^(\d{1,18}):(\d{1,10})$")
@@ -50,20 +57,28 @@ FORGED = "the plan is not one a dry run made: dry-run again"
 
 @dataclass(frozen=True)
 class Group:
-    """A group of dead letters: an error class, a give-up reason and a status (None: any)."""
+    """A group of dead letters: an error class, a give-up reason, a status, the endpoint of
+    a webhook delivery's, and when it was last dead-lettered (``since <= last_seen <
+    until``); None: any."""
 
     error_class: str | None = None
     give_up: str | None = None
     status: str | None = None
+    endpoint: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
 
     def __post_init__(self) -> None:
         for what, value in (
             ("error class", self.error_class),
             ("give-up", self.give_up),
             ("status", self.status),
+            ("endpoint", self.endpoint),
         ):
             if value is not None and not value.strip():
                 raise UsageError(f"the group's {what} is empty: it would select nothing")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise UsageError("the group's window is empty: since is not before until")
 
     def statuses(self, act: str) -> tuple[str, ...]:
         """The statuses the group covers for ``act``."""
@@ -74,18 +89,40 @@ class Group:
 
     def holds(self, row: asyncpg.Record | Mapping[str, Any], act: str) -> bool:
         """Whether the record belongs to the group, for ``act``."""
+        key = webhook_policy.of_dead_letter_key(str(row["message_id"]))
         return (
             row["status"] in self.statuses(act)
             and self.error_class in (None, row["error_class"])
             and self.give_up in (None, row["give_up"])
+            and (self.endpoint is None or (key is not None and key[0] == self.endpoint))
+            and (self.since is None or row["last_seen"] >= self.since)
+            and (self.until is None or row["last_seen"] < self.until)
+        )
+
+    def members(self, act: str) -> dead_letter_pages.Members:
+        """The group, for ``act``, as the database selects it."""
+        return dead_letter_pages.Members(
+            self.statuses(act),
+            self.error_class,
+            self.give_up,
+            self.endpoint,
+            self.since,
+            self.until,
         )
 
     def describe(self) -> str:
         """The group in words."""
-        return (
+        said = (
             f"error class {self.error_class or 'any'}, give-up {self.give_up or 'any'}, "
             f"status {self.status or 'any open'}"
         )
+        if self.endpoint is not None:
+            said += f", endpoint {cell(self.endpoint)}"
+        if self.since is not None:
+            said += f", last dead-lettered from {cell(self.since)}"
+        if self.until is not None:
+            said += f", last dead-lettered before {cell(self.until)}"
+        return said
 
 
 @dataclass(frozen=True)
@@ -146,10 +183,39 @@ class Confirmed:
 
     rows: list[asyncpg.Record] = field(default_factory=list)
     left_out: list[LeftOut] = field(default_factory=list)
+    unnamed: int = 0  # newcomers left out past those named (counted only)
 
     def lines(self) -> list[str]:
         """The left-out ones, one line each (nothing when none)."""
-        return [item.line() for item in self.left_out]
+        lines = [item.line() for item in self.left_out]
+        if self.unnamed:
+            lines.append(f"left out {self.unnamed} more that arrived since (not named)")
+        return lines
+
+
+def limit_of(selection: Selection) -> int:
+    """The most dead letters a plan of ``selection`` holds: ENDPOINT_PLAN_LIMIT for one
+    endpoint's (a group of webhook deliveries' dead letters alone), else PLAN_LIMIT."""
+    group = selection.group
+    return ENDPOINT_PLAN_LIMIT if group is not None and group.endpoint else PLAN_LIMIT
+
+
+def bounds(
+    since: str | None, until: str | None, now: datetime
+) -> tuple[datetime | None, datetime | None]:
+    """``--since`` and ``--until`` as ``core/windows.py`` reads a TIME (ISO 8601, or how
+    long ago from ``now``); either may be left out (no bound on that side: a later
+    newcomer is then named as such, not silently outside the window)."""
+    try:
+        start = None if since is None else windows.moment(since, now)
+        end = None if until is None else windows.moment(until, now)
+    except windows.NotATime as exc:
+        raise UsageError(str(exc)) from None
+    if start is not None and start > now:
+        raise UsageError(f"--since ({cell(start)}) is in the future: it would select nothing")
+    if start is not None and end is not None and start >= end:
+        raise UsageError(f"--since ({cell(start)}) is not before --until ({cell(end)})")
+    return start, end
 
 
 def parse_items(token: str) -> tuple[Planned, ...]:
@@ -186,20 +252,24 @@ def keys_of(values: Iterable[str]) -> tuple[str, ...]:
 
 
 async def plan(
-    conn: postgres.Connection, act: str, selection: Selection, limit: int = PLAN_LIMIT
+    conn: postgres.Connection, act: str, selection: Selection, limit: int | None = None
 ) -> tuple[Plan, list[Any]]:
     """The dry run's plan and its records: the selected dead letters in a state to ``act``
-    on, newest first (a group: at most ``limit``, never more than PLAN_LIMIT).
+    on, newest first (a group: at most ``limit``, never more than ``limit_of`` it, read in
+    one snapshot with its size).
 
     Named dead letters that do not exist or are not in such a state are refused
     (``UsageError``), as one alone always was.
     """
-    limit = max(1, min(limit, PLAN_LIMIT))
+    bound = limit_of(selection)
+    limit = max(1, min(limit or bound, bound))
     at = await postgres.db_now(conn)  # before the read: an act recorded after it is news
-    rows = await select(conn, act, selection, limit)
     beyond = 0
-    if selection.group is not None and len(rows) == limit:
-        beyond = await _group_size(conn, act, selection.group) - limit
+    if selection.group is not None:
+        listed = await dead_letter_pages.group(conn, selection.group.members(act), limit)
+        rows, beyond = listed.rows, listed.size - len(listed.rows)
+    else:
+        rows = await select(conn, act, selection)
     items = tuple(Planned(row["id"], row["revision"]) for row in rows)
     return Plan(act, selection, items, max(0, beyond), at), rows
 
@@ -235,8 +305,7 @@ async def select(
     """The records of ``selection`` in a state to ``act`` on, with their revisions."""
     group = selection.group
     if group is not None:
-        statuses = group.statuses(act)
-        return await revisions.group(conn, statuses, group.error_class, group.give_up, limit)
+        return (await dead_letter_pages.group(conn, group.members(act), limit)).rows
     rows = await revisions.by_keys(conn, selection.keys)
     found = {str(row["id"]) for row in rows} | {row["message_id"] for row in rows}
     if missing := [key for key in selection.keys if key not in found]:
@@ -252,10 +321,6 @@ async def records_of(conn: postgres.Connection, planned: Plan) -> list[Any]:
     return await revisions.by_ids(conn, [item.id for item in planned.items])
 
 
-async def _group_size(conn: postgres.Connection, act: str, group: Group) -> int:
-    return await revisions.group_size(conn, group.statuses(act), group.error_class, group.give_up)
-
-
 async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
     """Claim each planned record still as the dry run saw it; name the rest (what changed
     in those that changed), and the group's newcomers (read now, not acted on)."""
@@ -269,7 +334,7 @@ async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
         if row is not None and row["revision"] != item.revision:
             changed.append(row)
             continue
-        why = _unfit(row, item, planned.act, group, keys)
+        why = unfit(row, item, planned.act, group, keys)
         if why is None and row is not None:
             claimed = await revisions.claim(conn, row["id"], item.revision)
             why = None if claimed else "changed while it was being confirmed"
@@ -284,7 +349,7 @@ async def confirm(conn: postgres.Connection, planned: Plan) -> Confirmed:
     return done
 
 
-def _unfit(
+def unfit(
     row: asyncpg.Record | Mapping[str, Any] | None,
     item: Planned,
     act: str,

@@ -122,7 +122,7 @@ async def replay(
         return results
     if connection is None:
         raise ValueError("replaying a command needs a broker connection")
-    async with DeadQueue.walk(settings, conn, connection) as dead:
+    async with DeadQueue.walk(settings, connection) as dead:
         replayer = Replayer(settings, conn, dead, actor, expectations)
         from_queue = await replayer.from_queue({row["message_id"]: row for row in rows})
         found = {result.record_id for result in from_queue}

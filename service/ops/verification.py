@@ -207,7 +207,7 @@ async def verify(
     pending_bound: float = PENDING_BOUND_SECONDS,
 ) -> Verdict:
     """Run every check in one read-only, repeatable-read transaction."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
+    async with postgres.transaction(conn, isolation="repeatable_read", readonly=True):
         await postgres.prepare_verification(conn)
         totals = await postgres.verify_totals(conn)
         violations = {

@@ -5,7 +5,8 @@ in ``EXPIRY_EVENTS_NOTIFY_MS``); each notification sets the relay's ``wake``, so
 event is published within milliseconds of its commit. A LISTEN lives on its session:
 it needs a connection of its own, straight to the server or through a pooler in
 session mode (a transaction-pooling proxy, PgBouncer in transaction mode, hands the
-session to others between statements and the notifications never arrive).
+session to others between statements and the notifications never arrive): DATABASE_URL,
+or behind a transaction pooler EXPIRY_DB_SESSION_URL; without it the relay polls.
 
 A listening connection only reads: one that died silently (a half-open TCP connection:
 a server or a firewall that went away without a word) would never say so. So every
@@ -130,10 +131,29 @@ class Listener:
         )
 
 
+def polling_only(settings: Settings) -> bool:
+    """Whether the relay can have no LISTEN: DATABASE_URL goes through a transaction
+    pooler and no EXPIRY_DB_SESSION_URL is given (said at start, ``relay.polling_only``)."""
+    return postgres.session_settings(settings) is None
+
+
 @contextlib.asynccontextmanager
 async def listening(settings: Settings, wake: asyncio.Event) -> AsyncIterator[Listener]:
-    """A ``Listener`` running for the block (stopped at its end)."""
-    listener = Listener(settings, wake)
+    """A ``Listener`` running for the block (stopped at its end), on a session of its own
+    (``postgres.session_settings``); none when there can be none (``polling_only``)."""
+    session = postgres.session_settings(settings)
+    if session is None:
+        log.warning(
+            "relay.polling_only",
+            extra={
+                "reason": "DATABASE_URL goes through a transaction pooler "
+                "(EXPIRY_DB_POOLER=transaction) and EXPIRY_DB_SESSION_URL is not set",
+                "covered_by": f"the poll, every {settings.relay_poll_seconds:g}s",
+            },
+        )
+        yield Listener(settings, wake)
+        return
+    listener = Listener(session, wake)
     task = asyncio.create_task(listener.run(), name="relay-listener")
     try:
         yield listener

@@ -30,7 +30,7 @@ from service.core.errors import UsageError
 from service.core.events import EVENT
 from service.core.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, events_topology
 from service.relay.exit_points import exits_for
-from service.relay.listener import listening
+from service.relay.listener import listening, polling_only
 from service.relay.pump import Pump
 from service.settings import Settings
 
@@ -90,13 +90,17 @@ async def run(
         listener = await opened.enter_async_context(listening(settings, wake))
         metrics.is_listening = lambda: listener.listening
 
+        polls_only = polling_only(settings)
+
         async def readiness() -> dict[str, bool]:
-            return {
+            ready = {
                 "draining": pump.health.draining(),
                 "broker": connection.connected.is_set() and not channel.is_closed,
                 "database": await postgres.answers(pool, READINESS_TIMEOUT_SECONDS),
-                "listening": listener.listening,
             }
+            if not polls_only:  # a relay that cannot listen is ready all the same
+                ready["listening"] = listener.listening
+            return ready
 
         async with serving(settings.http_host, settings.http_port, readiness):
             log.info(

@@ -347,7 +347,7 @@ async def record_page(
         raise
     done = {hold.id for hold in confirmed}
     failed = [hold.id for hold in page.batch if hold.id not in done]
-    async with conn.transaction():
+    async with postgres.transaction(conn):
         result.lapsed += await postgres.record_leases(
             conn, [hold.id for hold in confirmed], lease_seconds=settings.lease_seconds
         )
@@ -366,7 +366,7 @@ async def claim_page(
 
     Returns the page (for the cursor) and the holds this scan claimed in it.
     """
-    async with conn.transaction():
+    async with postgres.transaction(conn):
         page = await postgres.claim_due(
             conn, until=until, after=after, limit=settings.scan_batch_size
         )

@@ -56,17 +56,29 @@ class _Connections(BaseSettings):
         validation_alias=AliasChoices("EXPIRY_MANAGEMENT_URL", "RABBITMQ_MANAGEMENT_URL"),
     )
 
-    @field_validator("database_url", mode="before")
+    # How DATABASE_URL reaches PostgreSQL: "none" (straight, or a pooler in session mode)
+    # or "transaction" (a transaction pooler: PgBouncer's pool_mode = transaction, RDS
+    # Proxy, Supavisor's transaction port): no named prepared statements, no start-up
+    # parameter but application_name, the timeouts set in each transaction
+    # (adapters/postgres/pool.py).
+    db_pooler: Literal["none", "transaction"] = "none"
+    # Behind a transaction pooler, a URL that reaches PostgreSQL with a session of its own
+    # (straight, or a session-mode port), for what lives on a session: the relay's LISTEN.
+    # Unset, the relay polls (EXPIRY_RELAY_POLL_SECONDS) and says so at start.
+    db_session_url: str | None = None
+
+    @field_validator("database_url", "db_session_url", mode="before")
     @classmethod
     def _remember_database_password(cls, value: object) -> object:
         if isinstance(value, str):
             register_url_secrets(value)
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "db_session_url")
     @classmethod
-    def _check_database_url(cls, value: str) -> str:
-        parse_dsn(value)  # raises DsnError, a ValueError that never quotes the URL
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_dsn(value)  # raises DsnError, a ValueError that never quotes the URL
         return value
 
     @field_validator("amqp_url", mode="before")

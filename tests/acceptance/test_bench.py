@@ -79,6 +79,12 @@ FIGURES = [
         )
     ),
     *(f"{what}.{run}" for run in ("webhooks_none", "webhooks_one") for what in RUN_FIGURES),
+    # The pooler's phase (one repetition: straight first).
+    *(
+        f"{what}.{run}"
+        for run in ("pooler_straight", "pooler_settings", "pooler_pgbouncer")
+        for what in RUN_FIGURES
+    ),
     "scan_memory.rss",
     "scan_memory.rate",
 ]
@@ -124,10 +130,10 @@ async def test_quick_run_prints_every_figure_and_target_and_removes_its_sandbox(
     assert document["machine"]["postgresql"]
     assert document["machine"]["rabbitmq"]
     targets = [TARGET_LINE.match(line) for line in section(result.stdout, "targets (")]
-    assert len(targets) == 16
+    assert len(targets) == 17  # 16, and the pooler's (issue 45)
     assert all(t is not None and "n/a" not in t[0] for t in targets), result.stdout
     ratios = section(result.stdout, "other ratios (")
-    assert len(ratios) == 11
+    assert len(ratios) == 12  # 11, and the pooler settings' cost (issue 45)
     assert not any(line.endswith("n/a") for line in ratios)
     assert f"removed the database and the vhost {name}" in result.stdout
     assert not await database_exists(endpoints, name)

@@ -134,13 +134,10 @@ async def test_the_endpoint_says_ready_and_serves_the_relays_metrics(stack: supp
     finally:
         code, output = await stop(relay, signal.SIGTERM)
     assert code == 0, output
-    assert checks == {
-        "ready": True,
-        "draining": True,
-        "broker": True,
-        "database": True,
-        "listening": True,
-    }
+    expected = {"ready": True, "draining": True, "broker": True, "database": True}
+    if stack.settings.db_pooler == "none":  # behind a transaction pooler it polls alone
+        expected["listening"] = True
+    assert checks == expected
     assert "expiry_relay_published_total" in metrics
     assert "expiry_event_commit_to_confirm_seconds_bucket" in metrics
 

@@ -11,9 +11,11 @@ from typing import TypeVar
 
 import pytest
 
+from tests import pooler
 from tests.faults.nodes import PgCluster
 from tests.faults.report import RESULTS
 from tests.faults.world import World, open_world
+from tests.pooler import Pooler
 from tests.rabbitnode import FaultNode, Rabbitmq4Node, RabbitNode, ServerUnavailable
 from tests.support import Endpoints, missing
 
@@ -57,21 +59,52 @@ def pg_cluster() -> Iterator[PgCluster]:
     cluster.drop()
 
 
+@pytest.fixture(scope="session")
+def machine_pooler(endpoints: Endpoints) -> Iterator[Pooler | None]:
+    """In the pooler leg (``TEST_POOLER=pgbouncer``), PgBouncer in front of the machine's
+    PostgreSQL; else None."""
+    if not pooler.wanted():
+        yield None
+        return
+    with pooler.running_pgbouncer(endpoints.database_url) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def cluster_pooler(pg_cluster: PgCluster) -> Iterator[Pooler | None]:
+    """In the pooler leg, PgBouncer in front of the private cluster (it stays up while
+    the cluster stops and starts); else None."""
+    if not pooler.wanted():
+        yield None
+        return
+    with pooler.running_pgbouncer(pg_cluster.admin_url) as running:
+        yield running
+
+
 @pytest.fixture
 async def world(
-    endpoints: Endpoints, rabbit_node: FaultNode, tmp_path: Path
+    endpoints: Endpoints,
+    rabbit_node: FaultNode,
+    tmp_path: Path,
+    machine_pooler: Pooler | None,
 ) -> AsyncIterator[World]:
-    """A database on the machine's PostgreSQL and a vhost on the private node."""
-    async with open_world(endpoints.database_url, rabbit_node, tmp_path) as opened:
+    """A database on the machine's PostgreSQL (in the pooler leg, reached through
+    PgBouncer) and a vhost on the private node."""
+    async with open_world(
+        endpoints.database_url, rabbit_node, tmp_path, pooler=machine_pooler
+    ) as opened:
         yield opened
 
 
 @pytest.fixture
 async def pg_world(
-    pg_cluster: PgCluster, rabbit_node: FaultNode, tmp_path: Path
+    pg_cluster: PgCluster, rabbit_node: FaultNode, tmp_path: Path, cluster_pooler: Pooler | None
 ) -> AsyncIterator[World]:
-    """A database on the private PostgreSQL cluster and a vhost on the private node."""
-    async with open_world(pg_cluster.admin_url, rabbit_node, tmp_path, pg_cluster) as opened:
+    """A database on the private PostgreSQL cluster (in the pooler leg, reached through
+    PgBouncer) and a vhost on the private node."""
+    async with open_world(
+        pg_cluster.admin_url, rabbit_node, tmp_path, pg_cluster, pooler=cluster_pooler
+    ) as opened:
         yield opened
 
 

@@ -21,6 +21,7 @@ from tests.faults.services import (
     ServiceProcess,
     service_env,
 )
+from tests.pooler import Pooler
 from tests.rabbitnode import FaultNode
 from tests.support import Management
 
@@ -89,10 +90,16 @@ class World:
 
 @contextlib.asynccontextmanager
 async def open_world(
-    admin_url: str, node: FaultNode, workdir: Path, cluster: PgCluster | None = None
+    admin_url: str,
+    node: FaultNode,
+    workdir: Path,
+    cluster: PgCluster | None = None,
+    pooler: Pooler | None = None,
 ) -> AsyncIterator[World]:
     """Create the database (migrated by ``python -m service.migrate``) and the vhost, with
-    the topology declared by ``python -m service.declare``, as a deploy does."""
+    the topology declared by ``python -m service.declare``, as a deploy does. With a
+    ``pooler``, every service process (migrate too) reaches the database through it, as
+    ``EXPIRY_DB_POOLER=transaction``; the checks read it directly."""
     number = next(_numbers)
     management = Management(node.management_url)
     async with sandbox_created(
@@ -114,6 +121,10 @@ async def open_world(
             fleet=Fleet(workdir),
             cluster=cluster,
         )
+        if pooler is not None:
+            world.extra_env.update(
+                DATABASE_URL=pooler.url_for(box.database_url), EXPIRY_DB_POOLER="transaction"
+            )
         try:
             await _deploy(world)
             yield world

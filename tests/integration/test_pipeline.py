@@ -307,6 +307,8 @@ async def test_a_scanner_keeps_its_connections_between_passes_and_replaces_lost_
     """Passes given the same ``Links`` (as ``--every`` does) share one database session; a
     terminated one is replaced at the next pass; after the broker closed the connection the
     next pass still publishes (reconnected or replaced); ``close`` leaves no session."""
+    if stack.settings.db_pooler == "transaction":
+        pytest.skip("behind a pooler the server sessions this test counts are the pooler's")
     links = scan.Links()
     try:
         await support.insert_holds(stack.database_url, 5)

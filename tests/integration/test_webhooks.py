@@ -2,7 +2,8 @@
 explicitly allowed for them) and the real PostgreSQL: signed and verified by the
 Standard Webhooks library's own verifier; each answer as the contract says; the SSRF
 guard; the shared rate limit across two deliverers; a paused endpoint beside a healthy
-one; a claim that lapsed settles nothing; a replayed dead delivery comes with its id.
+one; a replayed dead delivery comes with its id. (Claims and their settling, statement by
+statement: ``test_webhook_claims.py``.)
 
 The deliverer runs in-process here (``service.deliver.deliverer.run``).
 """
@@ -11,14 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
 
 from service.adapters import postgres
-from service.adapters.postgres import deliveries as rows
-from service.adapters.postgres import webhook_endpoints
-from service.adapters.postgres.pool import Connection
 from service.core import webhook_policy
 from service.deliver.deliverer import retire
 from tests.events_support import INSERT_EVENTS, insert_events
@@ -28,8 +25,6 @@ from tests.webhook_support import (
     Receiver,
     Reply,
     as_text,
-    attempted,
-    attempts,
     dead_letters,
     deliveries,
     delivering,
@@ -219,28 +214,6 @@ async def test_a_paused_endpoint_does_not_slow_another(stack: Stack) -> None:
     assert took < 10
 
 
-async def test_a_lapsed_claim_settles_nothing(stack: Stack) -> None:
-    """A claim whose lease ran out marks nothing done, puts nothing off, kills nothing;
-    the next claim takes the delivery; every attempt is in the log all the same (each
-    request went out)."""
-    stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())  # never sent to
-    await register(stack)
-    [event] = await insert_events(stack, 1)
-    first, second = uuid.uuid4(), uuid.uuid4()
-    ok, failed = attempted("orders", event), attempted("orders", event, 500, "x")
-    async with pg_connection(stack.database_url) as conn:
-        [claimed] = await rows.claim(conn, "orders", 5, lease_seconds=0.2, token=first)
-        await asyncio.sleep(0.4)
-        assert not await rows.delivered(conn, claimed.id, token=first, attempted=ok)
-        assert not await rows.put_off(conn, claimed.id, token=first, seconds=0, attempted=failed)
-        [again] = await rows.claim(conn, "orders", 5, lease_seconds=30, token=second)
-        assert not await rows.delivered(conn, again.id, token=first, attempted=ok)
-        assert await rows.delivered(conn, again.id, token=second, attempted=ok)
-    assert await deliveries(stack) == []
-    logged = [(row["status"], row["error_class"]) for row in await attempts(stack)]
-    assert logged == [(200, None), (500, "x"), (200, None), (200, None)]
-
-
 async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> None:
     """400, dead (out of its one attempt); replayed by an operator with the command (as
     expiry_operator, audited, no broker reachable: none is needed); the receiver now
@@ -279,74 +252,6 @@ async def test_a_replayed_dead_delivery_comes_with_the_same_id(stack: Stack) -> 
     async with pg_connection(stack.database_url) as conn:
         audit = await conn.fetch("SELECT operator, outcome FROM dead_letter_replays")
     assert [tuple(row) for row in audit] == [("alice", postgres.REDELIVERING)]
-
-
-async def test_a_pause_is_not_lengthened_by_attempts_that_were_in_flight(stack: Stack) -> None:
-    """Failures in a row pause the endpoint; failures of attempts in flight when it paused
-    change nothing; when the pause ends one probe goes, and nobody else sends until its
-    answer: a failed probe pauses it twice as long, an answered one ends the pause."""
-    stack = delivering(stack, Receiver(new_secret(), port=9).endpoint())
-    await register(stack)
-    # Pauses far longer than any run of the statements below, each ended by moving its end
-    # to the database's clock (as time passing it would), and a rate that refills the bucket
-    # within microseconds: what is granted never depends on how fast the machine is.
-    pause = 30.0
-
-    async def fail(conn: Connection) -> bool:
-        return await webhook_endpoints.failed(
-            conn, "orders", pause_after=2, first=pause, cap=10 * pause
-        )
-
-    async def take(conn: Connection) -> webhook_endpoints.Tokens:
-        return await webhook_endpoints.take_tokens(
-            conn, "orders", rate=1_000_000, burst=10, wanted=5, probe_seconds=30
-        )
-
-    async def pause_ends(conn: Connection) -> None:
-        await conn.execute("UPDATE webhook_endpoints SET paused_until = clock_timestamp()")
-
-    async with pg_connection(stack.database_url) as conn:
-        assert not await fail(conn)
-        assert await fail(conn)  # the second in a row: paused
-        assert not await fail(conn)  # in flight when it paused: nothing
-        assert not await fail(conn)
-        pauses = await conn.fetchval("SELECT pauses FROM webhook_endpoints")
-        assert pauses == 1
-        took = await take(conn)
-        assert (took.granted, took.wait > 0, took.probe) == (0, True, False)
-        await pause_ends(conn)
-        probe = await take(conn)
-        assert (probe.granted, probe.wait, probe.probe) == (1, 0.0, True)  # alone, now
-        other = await take(conn)
-        assert other.granted == 0  # nobody else while it is out
-        before = await conn.fetchval("SELECT clock_timestamp()")
-        assert await fail(conn)  # the probe failed: paused again, twice as long
-        row = await conn.fetchrow(
-            "SELECT pauses, extract(epoch FROM paused_until - $1::timestamptz)::float8 AS since,"
-            " extract(epoch FROM paused_until - clock_timestamp())::float8 AS left"
-            " FROM webhook_endpoints",
-            before,
-        )
-        assert row is not None
-        assert row["pauses"] == 2
-        # Twice the first pause, from the failure: after ``before``, before this read.
-        assert row["left"] <= 2 * pause <= row["since"]
-        await pause_ends(conn)
-        probe = await take(conn)
-        assert (probe.granted, probe.probe) == (1, True)
-        await webhook_endpoints.give_back(conn, "orders", 1, burst=10, probe=True)
-        again = await take(conn)  # a probe that found nothing to send was given back
-        assert (again.granted, again.probe) == (1, True)
-        [event] = await insert_events(stack, 1)
-        token = uuid.uuid4()
-        [claimed] = await rows.claim(conn, "orders", 1, lease_seconds=30, token=token)
-        assert claimed.message_id == event
-        done = await rows.delivered(
-            conn, claimed.id, token=token, attempted=attempted("orders", event)
-        )
-        assert done  # answered 2xx: the pause is over
-        after = await take(conn)
-        assert (after.granted, after.wait, after.probe) == (5, 0.0, False)
 
 
 async def test_a_retire_waits_for_an_expiry_in_flight_and_leaves_no_delivery_behind(

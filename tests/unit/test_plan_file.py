@@ -136,3 +136,25 @@ def test_a_plan_file_over_its_size_is_refused_unread(tmp_path: Path) -> None:
     path.write_bytes(b" " * (plan_file.FILE_LIMIT + 1))
     with pytest.raises(UsageError, match="larger than"):
         plan_file.read(str(path))
+
+
+def test_an_endpoints_plan_reads_back_past_the_limit_of_any_other() -> None:
+    """A saved dry run of one endpoint's dead deliveries, with its window, reads back with
+    more than PLAN_LIMIT dead letters (up to ENDPOINT_PLAN_LIMIT); the same list with any
+    other selection is refused, and so is a window that is not a dry run's."""
+    items = tuple(Planned(n, "1") for n in range(1, plans.PLAN_LIMIT + 201))
+    group = Group(endpoint="crm", since=AT, until=None)
+    planned = Plan("replay", Selection(group=group), items, at=AT)
+    document = _document(planned)
+    assert document["selection"]["group"]["since"] == AT.isoformat()
+    assert plan_file.parse(json.dumps(document).encode()) == planned
+    other = {**document, "selection": {"group": {"error_class": "webhook.unavailable"}}}
+    with pytest.raises(UsageError, match=f"more than {plans.PLAN_LIMIT}"):
+        plan_file.parse(json.dumps(other).encode())
+    for window in ({"since": "2026-12-03"}, {"until": 7}, {"since": "x"}):
+        forged = {**document, "selection": {"group": {"endpoint": "crm", **window}}}
+        with pytest.raises(UsageError, match="is not a time with its offset"):
+            plan_file.parse(json.dumps(forged).encode())
+    empty = {"endpoint": "crm", "since": AT.isoformat(), "until": AT.isoformat()}
+    with pytest.raises(UsageError, match="window is empty"):
+        plan_file.parse(json.dumps({**document, "selection": {"group": empty}}).encode())

@@ -3,6 +3,7 @@ read strictly, and a planned record is acted on only as the dry run saw it."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -104,14 +105,86 @@ def test_a_planned_record_is_acted_on_only_as_the_dry_run_saw_it(
     now: dict[str, Any] | None, group: Group | None, keys: set[str], why: str | None
 ) -> None:
     """Gone, changed, or (a forged plan) outside the selection: left out, with why."""
-    found = plans._unfit(now, Planned(7, "100"), "replay", group, keys)
+    found = plans.unfit(now, Planned(7, "100"), "replay", group, keys)
     assert (found is None) if why is None else (found is not None and why in found)
 
 
-@pytest.mark.parametrize("values", [{"error_class": ""}, {"give_up": "  "}, {"status": ""}])
-def test_a_group_with_an_empty_filter_is_refused(values: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "values", [{"error_class": ""}, {"give_up": "  "}, {"status": ""}, {"endpoint": " "}]
+)
+def test_a_group_with_an_empty_filter_is_refused(values: dict[str, Any]) -> None:
     """An empty value would select nothing while the group read "any": refused; None is
     the "any" a group means."""
     with pytest.raises(UsageError, match="is empty"):
         Group(**values)
     assert Group().describe() == "error class any, give-up any, status any open"
+
+
+NOW = datetime(2026, 12, 6, 8, 0, tzinfo=UTC)
+CRM = "webhook:crm:expired:0f8fad5b-d9cb-469f-a165-70867728950e:1796404742793"
+
+
+@pytest.mark.parametrize(
+    ("group", "values", "holds"),
+    [
+        (Group(endpoint="crm"), {"message_id": CRM}, True),
+        (Group(endpoint="cr"), {"message_id": CRM}, False),
+        (Group(endpoint="crm:expired"), {"message_id": CRM}, False),
+        (Group(endpoint="crm"), {"message_id": "expire:crm:1"}, False),
+        (Group(endpoint="crm"), {"message_id": "webhook:crm:"}, False),
+        (Group(since=NOW), {"last_seen": NOW}, True),
+        (Group(since=NOW), {"last_seen": NOW - timedelta(seconds=1)}, False),
+        (Group(until=NOW), {"last_seen": NOW}, False),
+        (Group(until=NOW), {"last_seen": NOW - timedelta(seconds=1)}, True),
+    ],
+)
+def test_a_group_holds_an_endpoints_dead_letters_and_its_window(
+    group: Group, values: dict[str, Any], holds: bool
+) -> None:
+    """``--endpoint``: the dead letters ``webhook:<endpoint>:<event>`` of that endpoint
+    alone (a name with ':' is no endpoint's); the window: ``since <= last_seen < until``."""
+    assert group.holds(row(**values), "replay") is holds
+
+
+def test_an_endpoints_group_holds_more_at_once_than_any_other() -> None:
+    """One endpoint's dead deliveries: ENDPOINT_PLAN_LIMIT; any other group, and named
+    dead letters: PLAN_LIMIT."""
+    assert plans.limit_of(Selection(group=Group(endpoint="crm"))) == plans.ENDPOINT_PLAN_LIMIT
+    assert plans.limit_of(Selection(group=Group(error_class="webhook.gone"))) == plans.PLAN_LIMIT
+    assert plans.limit_of(Selection(keys=("7",))) == plans.PLAN_LIMIT
+    described = Group(endpoint="crm", since=NOW).describe()
+    assert described.endswith("endpoint crm, last dead-lettered from 2026-12-06T08:00:00+00:00")
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "found"),
+    [
+        (None, None, (None, None)),
+        ("6h", None, (NOW - timedelta(hours=6), None)),
+        (None, "2h", (None, NOW - timedelta(hours=2))),
+        ("2026-12-01", "3d", (datetime(2026, 12, 1, tzinfo=UTC), NOW - timedelta(days=3))),
+    ],
+)
+def test_since_and_until_read_as_a_window_does(
+    since: str | None, until: str | None, found: tuple[datetime | None, datetime | None]
+) -> None:
+    """ISO 8601 or how long ago; either may be left out (no bound on that side)."""
+    assert plans.bounds(since, until, NOW) == found
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "said"),
+    [
+        ("yesterday", None, "is not a time"),
+        (None, "soon", "is not a time"),
+        ("1h", "2h", "is not before --until"),
+        ("2030-01-01", None, "is in the future"),
+    ],
+)
+def test_a_window_that_is_none_is_refused_with_one_line(
+    since: str | None, until: str | None, said: str
+) -> None:
+    """A TIME that is none, an empty window, a start to come: refused, one line."""
+    with pytest.raises(UsageError, match=said) as refused:
+        plans.bounds(since, until, NOW)
+    assert "\n" not in str(refused.value)

@@ -305,7 +305,7 @@ async def test_an_attempt_that_fails_otherwise_is_retried_within_its_budget() ->
     def broken(*_args: object, **_kwargs: object) -> object:
         raise RuntimeError("something unforeseen")
 
-    sender._pool.stream = broken  # type: ignore[method-assign,assignment]
+    sender._connections.request = broken  # type: ignore[method-assign,assignment]
     try:
         answer = await sender.post("expired:abc:1", b"{}", datetime.now(UTC))
     finally:

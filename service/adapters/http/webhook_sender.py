@@ -1,8 +1,8 @@
 """POSTing one event to one endpoint: signed (Standard Webhooks, with the
-``standardwebhooks`` library, by every secret of the endpoint), through ``httpcore``'s
-connection pool over the SSRF guard (``guarded_network.py``), redirects never followed
-(``httpcore`` follows none), no proxy from the environment, TLS verified, the response's
-body never read beyond a small bound and never kept.
+``standardwebhooks`` library, by every secret of the endpoint), on the endpoint's
+kept-alive connections (``connections.py``) opened over the SSRF guard
+(``guarded_network.py``), redirects never followed, no proxy from the environment, TLS
+verified, the response's body never read beyond a small bound and never kept.
 
 The guard runs when a connection opens: the name is resolved, and the connection made
 only to an address allowed, never to another (a name that resolves elsewhere later
@@ -19,24 +19,26 @@ import base64
 import ipaddress
 import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import certifi
-import httpcore
+import h11
 from standardwebhooks.webhooks import Webhook
 
-from service.adapters.http.guarded_network import GuardedBackend, NotAllowed
+from service.adapters.http.connections import Connections, Headers
+from service.adapters.http.guarded_network import NotAllowed
 from service.core import webhook_policy
 from service.core.webhook_policy import Answer
 from service.settings import Endpoint
 from service.settings.endpoints import host_allowed
 
-# What is read of a response's body, at most, before the connection is dropped: enough
-# for a small answer to leave the connection reusable; the bytes are thrown away.
-BODY_READ_LIMIT: Final = 64 * 1024
 USER_AGENT: Final = "expiry-service webhooks"
+# What a request's path and query keep as they are (anything else not in ASCII is
+# percent-encoded, as an HTTP client sends it).
+URL_SAFE: Final = "/?&=%:@!$'()*+,;~"
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -87,19 +89,19 @@ class Sender:
         self.endpoint = endpoint
         # Every secret signs (a rotation: the receiver accepts either, Standard Webhooks).
         self._signers = [Webhook(secret.get_secret_value()) for secret in endpoint.secret]
-        self._url, self._fixed = _target(endpoint.url)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=trust(),
-            max_connections=concurrency,
-            max_keepalive_connections=concurrency,
-            network_backend=GuardedBackend(
-                lambda host, address: allowed(endpoint, host, address, hosts)
-            ),
+        target = _target(endpoint.url)
+        self._path, self._fixed = target.path, _encoded(target.headers)
+        self._connections = Connections(
+            target.host,
+            target.port,
+            trust() if target.tls else None,
+            lambda host, address: allowed(endpoint, host, address, hosts),
+            concurrency,
         )
 
     async def close(self) -> None:
         """Close the connections."""
-        await self._pool.aclose()
+        await self._connections.close()
 
     def headers(self, message_id: str, body: bytes, now: datetime) -> dict[str, str]:
         """The Standard Webhooks headers of one attempt."""
@@ -123,57 +125,75 @@ class Sender:
         ``Retry-After`` only."""
         timeout = self.endpoint.timeout_seconds
         headers = [
-            *self._fixed.items(),
-            *self.headers(message_id, body, now).items(),
-            *(carried or {}).items(),
+            *self._fixed,
+            (b"content-length", b"%d" % len(body)),
+            *_encoded(self.headers(message_id, body, now)),
+            *_encoded(carried or {}),
         ]
         try:
             # The whole attempt, not each read: a trickling answer times out too.
-            async with (
-                asyncio.timeout(timeout),
-                self._pool.stream("POST", self._url, headers=headers, content=body) as response,
-            ):
-                await _drain(response)
-                retry_after = webhook_policy.retry_after_seconds(
-                    _header(response, b"retry-after"), now
+            async with asyncio.timeout(timeout):
+                answered = await self._connections.request(
+                    h11.Request(method=b"POST", target=self._path, headers=headers), body
                 )
-                return webhook_policy.of_status(response.status, retry_after)
         except NotAllowed:
             return webhook_policy.not_allowed("not the endpoint's host, or an address not allowed")
-        except (httpcore.TimeoutException, TimeoutError):
+        except TimeoutError:
             return webhook_policy.timed_out(timeout)
         except Exception as exc:  # the network's, or whatever else fails an attempt: it
             return webhook_policy.unreachable(type(exc).__name__)  # counts against its budget
+        retry_after = _header(answered.headers, b"retry-after")
+        return webhook_policy.of_status(
+            answered.status, webhook_policy.retry_after_seconds(retry_after, now)
+        )
 
 
-def _target(url: str) -> tuple[str, dict[str, str]]:
-    """The URL to send to (without its credentials) and the headers it implies: its Host
-    (an IPv6 address in brackets), and Basic authentication from its credentials."""
+@dataclass(frozen=True)
+class Target:
+    """Where an endpoint's URL sends: its host and port, whether over TLS, the request's
+    path (and query), and the headers it implies."""
+
+    host: str
+    port: int
+    tls: bool
+    path: bytes
+    headers: dict[str, str]
+
+
+def _target(url: str) -> Target:
+    """Where ``url`` sends, and the headers it implies: its Host (an IPv6 address in
+    brackets), Basic authentication from its credentials (never sent elsewhere)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
+    netloc = f"[{host}]" if ":" in host else _ascii_host(host)
     if parts.port is not None:
         netloc += f":{parts.port}"
     headers = {"host": netloc, "user-agent": USER_AGENT}
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         headers["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
-    return parts._replace(netloc=netloc).geturl(), headers
+    tls = parts.scheme == "https"
+    path = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=URL_SAFE)
+    port = parts.port or (443 if tls else 80)
+    return Target(host, port, tls, path.encode("ascii"), headers)
 
 
-def _header(response: httpcore.Response, name: bytes) -> str | None:
-    """A response header's value (the first), or None."""
-    for key, value in response.headers:
-        if key.lower() == name:
+def _ascii_host(host: str) -> str:
+    """A host name as the Host header spells it (IDNA for a name not in ASCII)."""
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host  # (no such name resolves either: each attempt fails, unreachable)
+
+
+def _encoded(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("ascii"), value.encode()) for name, value in headers.items()]
+
+
+def _header(headers: Headers, name: bytes) -> str | None:
+    """A response header's value (the first; the names as h11 gives them, lower case),
+    or None."""
+    for key, value in headers:
+        if key == name:
             return value.decode("latin-1")
     return None
-
-
-async def _drain(response: httpcore.Response) -> None:
-    """Read (and drop) a small body so that the connection can serve again; past the
-    bound, stop: closing the response then closes its connection."""
-    read = 0
-    async for chunk in response.aiter_stream():
-        read += len(chunk)
-        if read > BODY_READ_LIMIT:
-            return

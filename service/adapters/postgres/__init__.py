@@ -76,6 +76,8 @@ from service.adapters.postgres.pool import (
     db_now,
     ping,
     pooled,
+    session_settings,
+    transaction,
 )
 from service.adapters.postgres.reservations import (
     BACKLOG,
@@ -160,6 +162,8 @@ __all__ = [
     "release_claims",
     "replays_of",
     "reservation_state",
+    "session_settings",
+    "transaction",
     "transitions_of",
     "unowned_and_oldest_open",
     "verify_check",

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import asyncpg
 
-from service.adapters.postgres.pool import Connection
+from service.adapters.postgres.pool import Connection, transaction
 from service.core.dead_letter import DeadLetterRecord
 from service.core.default_owners import DEFAULT_OPERATOR, OwnerRule
 from service.core.recorded_policy import Policy
@@ -148,7 +148,7 @@ async def record_dead_letter(
     if owner is None:
         await _upsert_dead_letter(conn, record, policy)
         return False
-    async with conn.transaction():
+    async with transaction(conn):
         await _upsert_dead_letter(conn, record, policy)
         assigned: int = await conn.fetchval(
             ASSIGN_DEFAULT_OWNER, record.message_id, owner.owner, DEFAULT_OPERATOR, owner.detail()
@@ -268,7 +268,7 @@ async def record_replay(
 ) -> None:
     """Audit one replay attempt (or refusal); mark the record replayed when it was
     (``REPLAYED_OUTCOMES``)."""
-    async with conn.transaction():
+    async with transaction(conn):
         await conn.execute(
             RECORD_REPLAY,
             dead_letter_id,

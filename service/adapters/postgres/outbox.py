@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from service.adapters.postgres.pool import Connection
+from service.adapters.postgres.pool import Connection, transaction
 
 # The relays LISTEN here; the consumers NOTIFY after a commit that wrote events (never
 # inside it: a NOTIFY takes a cluster-wide lock at commit), at most once in a while.
@@ -114,7 +114,7 @@ async def claim_events(
 async def mark_sent(conn: Connection, ids: Sequence[int], *, token: UUID, relay: str) -> int:
     """Move what was published out of the outbox, if the claim ``token`` still holds it;
     how many were (fewer than ``ids``: the lease lapsed for the others)."""
-    async with conn.transaction():
+    async with transaction(conn):
         rows = await conn.fetch(MARK_SENT, list(ids), token, relay)
     return len(rows)
 

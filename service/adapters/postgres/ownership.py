@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from service.adapters.postgres.dead_letter_rows import Actor
-from service.adapters.postgres.pool import Connection
+from service.adapters.postgres.pool import Connection, transaction
 
 SET_OWNER = "UPDATE dead_letters SET owner = $2, updated_at = now() WHERE id = $1"
 SET_NOTE = "UPDATE dead_letters SET note = $2, updated_at = now() WHERE id = $1"
@@ -52,14 +52,14 @@ async def _event(
 
 async def assign(conn: Connection, dead_letter_id: int, owner: str, actor: Actor) -> None:
     """Give the dead letter an owner (audited)."""
-    async with conn.transaction():
+    async with transaction(conn):
         await conn.execute(SET_OWNER, dead_letter_id, owner)
         await _event(conn, dead_letter_id, "assigned", actor, owner)
 
 
 async def note(conn: Connection, dead_letter_id: int, text: str, actor: Actor) -> None:
     """Set the dead letter's note (audited)."""
-    async with conn.transaction():
+    async with transaction(conn):
         await conn.execute(SET_NOTE, dead_letter_id, text)
         await _event(conn, dead_letter_id, "noted", actor, text)
 
@@ -67,7 +67,7 @@ async def note(conn: Connection, dead_letter_id: int, text: str, actor: Actor) -
 async def close(conn: Connection, dead_letter_id: int, reason: str, actor: Actor) -> bool:
     """Close an open dead letter without a replay and park its hold (audited); False if it
     was not open."""
-    async with conn.transaction():
+    async with transaction(conn):
         row = await conn.fetchrow(CLOSE, dead_letter_id)
         if row is None:
             return False
@@ -80,7 +80,7 @@ async def close(conn: Connection, dead_letter_id: int, reason: str, actor: Actor
 async def reopen(conn: Connection, dead_letter_id: int, reason: str, actor: Actor) -> bool:
     """Reopen a closed dead letter and unpark its hold (audited); False if it was not
     closed."""
-    async with conn.transaction():
+    async with transaction(conn):
         row = await conn.fetchrow(REOPEN, dead_letter_id)
         if row is None:
             return False

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from service.adapters.postgres.pool import Connection, db_now
+from service.adapters.postgres.pool import Connection, db_now, transaction
 from service.core.weeks import AUDIT_TABLES, Partition
 
 # A whole run at a time (a second waits for the first, then finds little to do).
@@ -189,6 +189,9 @@ RETENTION_BEGAN = "SELECT applied_at FROM schema_migrations WHERE version = '001
 # expiries a day) and waits for a concurrent detach: the statement timeout of the
 # service's connections (EXPIRY_STATEMENT_TIMEOUT_MS) is for the hot path, not for this.
 RUN_SESSION = "SET statement_timeout = '30min'"
+RUN_TRANSACTION = "SET LOCAL statement_timeout = '30min'"
+# The run lock waits as long (pg_advisory_lock did, under the run's statement timeout).
+RUN_WAIT_SECONDS = 1800.0
 
 
 # Whether this session may make and drop partitions: it owns the audit tables (or is a
@@ -211,14 +214,13 @@ async def not_owner(conn: Connection) -> str | None:
     )
 
 
-async def lock_run(conn: Connection) -> None:
-    """Wait for any other run to end, then hold the run lock (until ``unlock_run``)."""
-    await conn.execute(RUN_SESSION)
-    await conn.execute("SELECT pg_advisory_lock($1)", RETENTION_LOCK_KEY)
-
-
-async def unlock_run(conn: Connection) -> None:
-    await conn.execute("SELECT pg_advisory_unlock($1)", RETENTION_LOCK_KEY)
+async def relax_session(conn: Connection, *, pooled: bool) -> None:
+    """The run's statements may take longer than the hot path's (``RUN_SESSION``); behind
+    a transaction pooler a session's setting would outlive the run on another client's
+    session: its statements have the server's default there, and its transactions
+    ``RUN_TRANSACTION``."""
+    if not pooled:
+        await conn.execute(RUN_SESSION)
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,8 @@ async def drop_detached(
 ) -> int:
     """Count a detached partition's rows, record the drop and drop it, in one transaction;
     return the count."""
-    async with conn.transaction():
+    async with transaction(conn):
+        await conn.execute(RUN_TRANSACTION)
         rows: int = await conn.fetchval(f'SELECT count(*) FROM "{name}"')
         await record_action(conn, "dropped", table, low, high, rows, who)
         await conn.execute(f'DROP TABLE "{name}"')

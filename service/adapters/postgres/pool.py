@@ -1,4 +1,16 @@
-"""The pool and single connections: every session carries the lock and statement timeouts."""
+"""The pool and single connections: every transaction runs under the lock and statement
+timeouts.
+
+Straight to PostgreSQL (or through a pooler in session mode) a session carries them from
+its start-up. Behind a transaction pooler (``EXPIRY_DB_POOLER=transaction``: PgBouncer's
+``pool_mode = transaction``, RDS Proxy, Supavisor's transaction port) a session is
+handed to other clients between transactions, and the pooler refuses start-up
+parameters it does not track: the connection sends ``application_name`` alone, each
+transaction opened with ``transaction()`` sets the timeouts for itself (``SET LOCAL``,
+one round trip), and asyncpg prepares no named statement (its statement cache off: an
+unnamed statement is parsed again with each use). A statement outside a transaction is
+then bounded by the client: ``command_timeout`` cancels it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -25,6 +37,16 @@ else:
     PlainConnection = asyncpg.Connection
 
 
+class Session(asyncpg.Connection):
+    """A connection that knows what each of its transactions must set (None: nothing,
+    its start-up carried the timeouts)."""
+
+    local_settings: str | None = None
+
+
+IsolationLevel: TypeAlias = Literal["read_committed", "serializable", "repeatable_read"]
+
+
 DB_NOW = "SELECT now()"
 
 
@@ -37,18 +59,67 @@ PING = "SELECT 1"
 def _connect_options(
     settings: Settings, application_name: str, *, flushed: bool = True
 ) -> dict[str, Any]:
-    server_settings = {
-        "application_name": application_name,
+    timeouts = {
         "lock_timeout": str(settings.lock_timeout_ms),
         "statement_timeout": str(settings.statement_timeout_ms),
     }
     if not flushed:
-        server_settings["synchronous_commit"] = "off"
-    return {
+        timeouts["synchronous_commit"] = "off"
+    options: dict[str, Any] = {
         "timeout": settings.db_connect_timeout_seconds,
         "command_timeout": settings.statement_timeout_ms / 1000 + 5,
-        "server_settings": server_settings,
+        "connection_class": Session,
     }
+    if settings.db_pooler == "transaction":
+        options["server_settings"] = {"application_name": application_name}
+        options["statement_cache_size"] = 0
+    else:
+        options["server_settings"] = {"application_name": application_name, **timeouts}
+    return options
+
+
+def session_settings(settings: Settings) -> Settings | None:
+    """The settings of a connection that keeps its session (a LISTEN lives on it):
+    ``settings`` themselves unless DATABASE_URL goes through a transaction pooler, then
+    ``EXPIRY_DB_SESSION_URL``'s; None when that is not given."""
+    if settings.db_pooler != "transaction":
+        return settings
+    if settings.db_session_url is None:
+        return None
+    return settings.model_copy(
+        update={"database_url": settings.db_session_url, "db_pooler": "none"}
+    )
+
+
+def local_settings(settings: Settings, *, flushed: bool = True) -> str | None:
+    """What each transaction sets for itself (None: the session's start-up did)."""
+    if settings.db_pooler != "transaction":
+        return None
+    local = [
+        f"SET LOCAL lock_timeout = {int(settings.lock_timeout_ms)}",
+        f"SET LOCAL statement_timeout = {int(settings.statement_timeout_ms)}",
+    ]
+    if not flushed:
+        local.append("SET LOCAL synchronous_commit = off")
+    return "; ".join(local)
+
+
+def carries_timeouts(conn: Connection) -> bool:
+    """Whether ``conn``'s session carries the timeouts (else only its transactions do)."""
+    return getattr(conn, "local_settings", None) is None
+
+
+@contextlib.asynccontextmanager
+async def transaction(
+    conn: Connection, *, isolation: IsolationLevel | None = None, readonly: bool = False
+) -> AsyncIterator[None]:
+    """A transaction (``conn.transaction()``: a savepoint inside another), with what the
+    session could not carry set for it (behind a transaction pooler: the timeouts)."""
+    async with conn.transaction(isolation=isolation, readonly=readonly):
+        local: str | None = getattr(conn, "local_settings", None)
+        if local is not None:
+            await conn.execute(local)
+        yield
 
 
 async def create_pool(
@@ -57,12 +128,19 @@ async def create_pool(
     """Open a pool whose sessions carry the lock and statement timeouts. ``flushed=False``:
     its commits return before PostgreSQL has flushed them to disk (``synchronous_commit
     off``), for writes that a crash may lose without harm (the relay's claims and marks)."""
+    local = local_settings(settings, flushed=flushed)
+
+    async def _init(conn: PlainConnection) -> None:
+        if isinstance(conn, Session):
+            conn.local_settings = local
+
     try:
         return await asyncpg.create_pool(
             settings.database_url,
             min_size=1,
             max_size=size,
             reset=_keep_session,
+            init=_init,
             **_connect_options(settings, application_name, flushed=flushed),
         )
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -73,19 +151,23 @@ async def _keep_session(_conn: PlainConnection) -> None:
     """Pool release without asyncpg's default reset (one round trip per release).
 
     Safe because the service never leaves session state on a pooled connection:
-    no LISTEN, no session SET (timeouts come with the connection), no advisory
-    locks; an open transaction is still rolled back by asyncpg itself.
+    no LISTEN, no session SET (timeouts come with the connection or each transaction),
+    no session advisory lock (``locks.py`` holds one in a transaction); an open
+    transaction is still rolled back by asyncpg itself.
     """
 
 
 async def connect(settings: Settings, *, application_name: str) -> PlainConnection:
     """Open one connection (for the scan and the migrations)."""
     try:
-        return await asyncpg.connect(
+        conn: PlainConnection = await asyncpg.connect(
             settings.database_url, **_connect_options(settings, application_name)
         )
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _unreachable(settings, exc) from exc
+    if isinstance(conn, Session):
+        conn.local_settings = local_settings(settings)
+    return conn
 
 
 class _Closable(Protocol):

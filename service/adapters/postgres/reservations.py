@@ -7,7 +7,7 @@ from uuid import UUID
 
 import asyncpg
 
-from service.adapters.postgres.pool import Connection
+from service.adapters.postgres.pool import Connection, carries_timeouts, transaction
 from service.adapters.telemetry.readings import BACKLOG_BUCKETS, Backlog
 from service.core.domain import BatchRow, Expiry, outcome_of
 
@@ -71,11 +71,12 @@ async def expire_reservation(
     ``traceparent``: the delivery's trace, recorded with the audit row (and its event).
     """
     args = (reservation_id, message_id, attempt, worker, traceparent)
-    if lock_wait_ms is None:
+    if lock_wait_ms is None and carries_timeouts(conn):
         row = await conn.fetchrow(EXPIRE_RESERVATION, *args)
-    else:
-        async with conn.transaction():
-            await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
+    else:  # behind a transaction pooler, only a transaction has the lock timeout
+        async with transaction(conn):
+            if lock_wait_ms is not None:
+                await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
             row = await conn.fetchrow(EXPIRE_RESERVATION, *args)
     assert row is not None  # the LEFT JOIN always yields one row
     won, status, due = bool(row["won"]), row["status"], bool(row["due"])

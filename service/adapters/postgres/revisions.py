@@ -5,20 +5,22 @@ change to the record (dead-lettered again, replayed, closed, reopened, given
 an owner or a note) makes a new one. A plan lists the revisions its dry run
 saw; confirming it claims each record only if its revision is still the same
 (a compare-and-set that itself makes a new revision, so two confirmations of
-one plan cannot both act). And the lock that lets one walk of
+one plan cannot both act; a group's members are read, a page at a time, by
+``dead_letter_pages.py``). And the lock that lets one walk of
 ``expirations.dead`` run at a time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
 from service.adapters.postgres.dead_letter_rows import DEAD_LETTER_COLUMNS
+from service.adapters.postgres.locks import LockBusy, holding
 from service.adapters.postgres.pool import Connection
+from service.settings import Settings
 
 REVISIONED = f"{DEAD_LETTER_COLUMNS}, xmin::text AS revision"
 
@@ -30,24 +32,6 @@ SELECT {REVISIONED}
 """
 
 BY_IDS = f"SELECT {REVISIONED} FROM dead_letters WHERE id = ANY($1::bigint[])"
-
-# A group, newest first: by status, error class and give-up reason (NULL: any).
-GROUP = f"""
-SELECT {REVISIONED}
-  FROM dead_letters
- WHERE status = ANY($1::text[])
-   AND ($2::text IS NULL OR error_class = $2)
-   AND ($3::text IS NULL OR give_up = $3)
- ORDER BY last_seen DESC, id DESC
- LIMIT $4
-"""
-
-GROUP_SIZE = """
-SELECT count(*) FROM dead_letters
- WHERE status = ANY($1::text[])
-   AND ($2::text IS NULL OR error_class = $2)
-   AND ($3::text IS NULL OR give_up = $3)
-"""
 
 # The compare-and-set: a new row version only if the one the plan saw is still current.
 CLAIM = """
@@ -67,25 +51,6 @@ async def by_ids(conn: Connection, ids: Sequence[int]) -> list[asyncpg.Record]:
     return await conn.fetch(BY_IDS, list(ids))
 
 
-async def group(
-    conn: Connection,
-    statuses: Sequence[str],
-    error_class: str | None,
-    give_up: str | None,
-    limit: int,
-) -> list[asyncpg.Record]:
-    """At most ``limit`` dead letters of a group, newest first."""
-    return await conn.fetch(GROUP, list(statuses), error_class, give_up, limit)
-
-
-async def group_size(
-    conn: Connection, statuses: Sequence[str], error_class: str | None, give_up: str | None
-) -> int:
-    """How many dead letters the group has, whatever the limit."""
-    count: int = await conn.fetchval(GROUP_SIZE, list(statuses), error_class, give_up)
-    return count
-
-
 async def claim(conn: Connection, dead_letter_id: int, revision: str) -> bool:
     """Claim the record for an act if it is still at ``revision``; False if it changed."""
     return await conn.fetchval(CLAIM, dead_letter_id, revision) is not None
@@ -95,9 +60,6 @@ async def claim(conn: Connection, dead_letter_id: int, revision: str) -> bool:
 # every message it finds, unacked, so a second walk at the same time would find
 # none of them. An arbitrary constant shared by every walker: hashtext('expirations.dead').
 WALK_LOCK_KEY = 0x64656164
-TRY_WALK_LOCK = "SELECT pg_try_advisory_lock($1)"
-WALK_UNLOCK = "SELECT pg_advisory_unlock($1)"
-WALK_POLL_SECONDS = 0.2
 
 
 class WalkBusy(Exception):
@@ -105,15 +67,11 @@ class WalkBusy(Exception):
 
 
 @contextlib.asynccontextmanager
-async def walking_dead_queue(conn: Connection, *, wait: float) -> AsyncIterator[None]:
-    """Hold the walk of the dead queue for this session (waiting up to ``wait`` seconds
-    for another walk to end: ``WalkBusy`` after); a session that dies releases it."""
-    deadline = asyncio.get_running_loop().time() + wait
-    while not await conn.fetchval(TRY_WALK_LOCK, WALK_LOCK_KEY):
-        if asyncio.get_running_loop().time() >= deadline:
-            raise WalkBusy
-        await asyncio.sleep(WALK_POLL_SECONDS)
+async def walking_dead_queue(settings: Settings, *, wait: float) -> AsyncIterator[None]:
+    """Hold the walk of the dead queue for the block (waiting up to ``wait`` seconds for
+    another walk to end: ``WalkBusy`` after); a process that dies lets it go."""
     try:
-        yield
-    finally:
-        await conn.fetchval(WALK_UNLOCK, WALK_LOCK_KEY)
+        async with holding(settings, WALK_LOCK_KEY, wait=wait, name="expiry-deadletters walk"):
+            yield
+    except LockBusy:
+        raise WalkBusy from None

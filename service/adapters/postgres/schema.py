@@ -1,20 +1,21 @@
 """Versioned schema migrations: the SQL files in ``migrations/``, each applied once.
 
 Each file runs once, in its own transaction, and is recorded in
-``schema_migrations``. A session-level advisory lock makes two concurrent runs
-take turns; the second finds nothing left to do. The lock is waited for by polling, not
-under ``lock_timeout``: that bounds each migration's statements against the running
-service, while the other run may take longer than it to apply them all.
+``schema_migrations``. An advisory lock (``locks.py``: held by a transaction of a
+connection of its own, so that it holds through a transaction pooler too) makes two
+concurrent runs take turns; the second finds nothing left to do. The lock is waited for
+by polling, not under ``lock_timeout``: that bounds each migration's statements against
+the running service, while the other run may take longer than it to apply them all.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from importlib import resources
 
-from service.adapters.postgres.pool import Connection, connect
+from service.adapters.postgres.locks import LockBusy, holding
+from service.adapters.postgres.pool import Connection, connect, transaction
 from service.core.errors import ServiceError
 from service.settings import Settings
 
@@ -41,10 +42,7 @@ SELECT to_regclass('schema_migrations') IS NOT NULL AS present,
 # it is on a schema older than this.
 LEDGER_READABLE_FROM = "0010_scan_pass_start"
 RECORD_VERSION = "INSERT INTO schema_migrations (version) VALUES ($1)"
-TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
-UNLOCK = "SELECT pg_advisory_unlock($1)"
 LOCK_WAIT_SECONDS = 600.0  # another run's migrations, however slow the server
-LOCK_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -121,32 +119,28 @@ async def schema_state(conn: Connection) -> SchemaState:
 async def migrate(settings: Settings, *, until: str | None = None) -> list[str]:
     """Apply pending migrations (``until``: only up to that version, as an older release
     would: the tests and benchmarks of a move); return the versions applied by this call."""
-    conn = await connect(settings, application_name="expiry-migrate")
+
+    def waiting() -> None:
+        log.info("migrate.waiting", extra={"for": "another migrate to finish"})
+
     try:
-        await _take_turn(conn, wait=LOCK_WAIT_SECONDS)
-        try:
-            return await _apply_pending(conn, until=until)
-        finally:
-            await conn.execute(UNLOCK, MIGRATION_LOCK_KEY)
-    finally:
-        await conn.close()
-
-
-async def _take_turn(conn: Connection, *, wait: float) -> None:
-    """The migration lock for this session, once another run has released it (a session
-    that dies releases it too)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    if await conn.fetchval(TRY_LOCK, MIGRATION_LOCK_KEY):
-        return
-    log.info("migrate.waiting", extra={"for": "another migrate to finish"})
-    while not await conn.fetchval(TRY_LOCK, MIGRATION_LOCK_KEY):
-        if loop.time() >= deadline:
-            raise MigrationBusy(
-                f"another migrate held the migration lock for over {wait:g}s; "
-                "run it again once that one has ended"
-            )
-        await asyncio.sleep(LOCK_POLL_SECONDS)
+        async with holding(
+            settings,
+            MIGRATION_LOCK_KEY,
+            wait=LOCK_WAIT_SECONDS,
+            name="expiry-migrate lock",
+            waiting=waiting,
+        ):
+            conn = await connect(settings, application_name="expiry-migrate")
+            try:
+                return await _apply_pending(conn, until=until)
+            finally:
+                await conn.close()
+    except LockBusy:
+        raise MigrationBusy(
+            f"another migrate held the migration lock for over {LOCK_WAIT_SECONDS:g}s; "
+            "run it again once that one has ended"
+        ) from None
 
 
 async def _apply_pending(conn: Connection, *, until: str | None = None) -> list[str]:
@@ -158,7 +152,7 @@ async def _apply_pending(conn: Connection, *, until: str | None = None) -> list[
             break
         if migration.version in applied:
             continue
-        async with conn.transaction():
+        async with transaction(conn):
             await conn.execute(migration.sql)
             await conn.execute(RECORD_VERSION, migration.version)
         log.info("migrate.applied", extra={"version": migration.version})

@@ -4,12 +4,14 @@ reads and changes of it.
 
 The rate limit is a token bucket per endpoint in its row, shared by every deliverer:
 whoever takes tokens refills it first (``rate`` a second since it was last refilled, up
-to ``burst``); the row lock orders them. No tokens are given while the endpoint is
-disabled (it answered 410 Gone: until ``python -m service.deliver --enable``), held (a
-``Retry-After`` it asked for) or paused (failures in a row). When a pause is over, the
+to ``burst``); the row lock orders them. Tokens are taken in the statement that claims
+the deliveries they allow (``deliveries.CLAIM``), only for those it claimed. No tokens
+are given while the endpoint is disabled (it answered 410 Gone: until ``python -m
+service.deliver --enable``), held (a ``Retry-After`` it asked for) or paused (failures in
+a row). When a pause is over, the
 first to ask gets one token (the probe), and nobody else gets any until the probe's
 answer (or its lease's end): a 2xx ends the pause, a failure starts a longer one; a
-probe that found nothing due is given back. Failures of attempts that were in flight
+probe that finds nothing due is not taken. Failures of attempts that were in flight
 when a pause began count for nothing: they say nothing the pause did not.
 """
 
@@ -24,47 +26,6 @@ from service.adapters.postgres.pool import Connection
 REGISTER = """
 INSERT INTO webhook_endpoints (name) SELECT unnest($1::text[])
     ON CONFLICT (name) DO UPDATE SET seen_at = now()
-"""
-
-TAKE_TOKENS = """
-WITH bucket AS (
-    SELECT name, paused_until, probing_until, held_until, disabled_at,
-           least($3::float8, tokens + $2::float8 * greatest(0, extract(epoch FROM
-                 clock_timestamp() - tokens_at)))::float8 AS have
-      FROM webhook_endpoints WHERE name = $1
-       FOR UPDATE
-), granted AS (
-    SELECT name, have, paused_until, probing_until, held_until, disabled_at,
-           CASE WHEN disabled_at IS NOT NULL THEN 0
-                WHEN held_until > clock_timestamp() THEN 0
-                WHEN paused_until > clock_timestamp() THEN 0
-                WHEN probing_until > clock_timestamp() THEN 0
-                WHEN paused_until IS NOT NULL THEN least(floor(have), 1)
-                ELSE least(floor(have), $4) END::int AS n
-      FROM bucket
-)
-UPDATE webhook_endpoints w
-   SET tokens = g.have - g.n, tokens_at = clock_timestamp(),
-       probing_until = CASE WHEN g.paused_until IS NOT NULL AND g.n > 0
-                            THEN clock_timestamp() + make_interval(secs => $5)
-                            ELSE g.probing_until END
-  FROM granted g
- WHERE w.name = g.name
-RETURNING g.n, g.have::float8, g.paused_until IS NOT NULL AND g.n > 0 AS probe,
-          g.disabled_at IS NOT NULL AS disabled,
-          CASE WHEN g.n > 0 THEN 0
-               ELSE greatest(0, extract(epoch FROM greatest(g.paused_until, w.probing_until,
-                                                            g.held_until)
-                                                   - clock_timestamp())) END::float8 AS wait
-"""
-
-# Tokens taken and not used; a probe that found nothing due is given back with them (the
-# next look probes again).
-GIVE_BACK = """
-UPDATE webhook_endpoints
-   SET tokens = least($3::float8, tokens + $2),
-       probing_until = CASE WHEN $4 THEN NULL ELSE probing_until END
- WHERE name = $1
 """
 
 # A failure. While the endpoint is paused, nothing (an attempt that was in flight when
@@ -158,6 +119,8 @@ SELECT (SELECT count(*) FROM endpoint) AS registered,
 # Per endpoint, from the partial indexes on (endpoint, since) and (endpoint): no scan of
 # every delivery. The oldest pending is aged from its budget's start (a replay's, or
 # created_at).
+IS_REGISTERED = "SELECT EXISTS (SELECT FROM webhook_endpoints WHERE name = $1)"
+
 BACKLOG = """
 SELECT w.name AS endpoint, p.pending, d.dead,
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8 AS oldest_age,
@@ -175,9 +138,9 @@ SELECT w.name AS endpoint, p.pending, d.dead,
 
 @dataclass(frozen=True)
 class Tokens:
-    """What a deliverer may send now: ``granted`` requests (one, and ``probe``, when a
-    pause is over); the bucket held ``have``; with none granted, the endpoint is held or
-    paused for ``wait`` more seconds, or ``disabled``."""
+    """What a deliverer may send now: ``granted`` requests (one when a pause is over:
+    ``probe`` once it is claimed); the bucket held ``have``; with none granted, the
+    endpoint is held or paused for ``wait`` more seconds, or ``disabled``."""
 
     granted: int
     have: float
@@ -214,24 +177,6 @@ class Enabled:
 async def register(conn: Connection, names: Sequence[str]) -> None:
     """The endpoints a deliverer serves: deliveries are written for them from now on."""
     await conn.execute(REGISTER, list(names))
-
-
-async def take_tokens(
-    conn: Connection, name: str, *, rate: float, burst: float, wanted: int, probe_seconds: float
-) -> Tokens:
-    """Up to ``wanted`` requests' worth of the endpoint's shared bucket."""
-    row = await conn.fetchrow(TAKE_TOKENS, name, rate, burst, wanted, probe_seconds)
-    if row is None:  # retired (python -m service.deliver --retire) while this one ran
-        return Tokens(0, 0.0, 0.0, registered=False)
-    return Tokens(row["n"], row["have"], row["wait"], row["probe"], row["disabled"])
-
-
-async def give_back(
-    conn: Connection, name: str, tokens: int, *, burst: float, probe: bool = False
-) -> None:
-    """Tokens taken and not used (and the probe, when it found nothing to send)."""
-    if tokens > 0:
-        await conn.execute(GIVE_BACK, name, float(tokens), burst, probe)
 
 
 async def failed(
@@ -273,3 +218,8 @@ async def retire(conn: Connection, endpoint: str) -> tuple[int, int, int]:
 async def backlog(conn: Connection) -> list[EndpointBacklog]:
     """Each registered endpoint's deliveries."""
     return [EndpointBacklog(**dict(row)) for row in await conn.fetch(BACKLOG)]
+
+
+async def is_registered(conn: Connection, name: str) -> bool:
+    """Whether a deliverer registered an endpoint of this name (and it was not retired)."""
+    return bool(await conn.fetchval(IS_REGISTERED, name))
