@@ -15,6 +15,7 @@ import pytest
 from service.adapters.postgres import webhook_endpoints
 from service.deliver import courier
 from service.deliver.deliverer import enable
+from service.settings import Settings
 from tests.events_support import insert_events
 from tests.support import Stack, eventually, pg_connection
 from tests.webhook_support import (
@@ -73,6 +74,43 @@ async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_back(
     assert len(logged) == len(receiver.received)
     assert {row["kind"] for row in logged} == {"automatic", "probe"}
     assert {row["status"] for row in logged} == {status, 200}
+
+
+# The pause and the backoff as shipped (delivering() makes them quick).
+SHIPPED = {
+    name: Settings.model_fields[name].default
+    for name in (
+        "webhook_backoff_seconds",
+        "webhook_backoff_cap_seconds",
+        "webhook_pause_after",
+        "webhook_pause_seconds",
+        "webhook_pause_cap_seconds",
+    )
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("status", "seconds"), [(503, 15.0), (401, 10.0)])
+async def test_the_issues_outages_at_full_length_with_the_shipped_pause_and_backoff(
+    stack: Stack, caplog: pytest.LogCaptureFixture, status: int, seconds: float
+) -> None:
+    """Issue 44's outages as long as it names them, with the pause and the backoff as
+    shipped: down 15 s answering 503, and 401 for 10 s (a rotation the receiver has not
+    caught up with). Every event arrives once the receiver is back, none is dead, and the
+    endpoint paused and probed on the way (a minute or two: marked slow)."""
+    caplog.set_level(logging.INFO, "service.deliver")
+    async with receiving() as receiver:
+        stack = delivering(stack, receiver.endpoint(), **SHIPPED)
+        await register(stack)
+        receiver.down_for(seconds, Reply(status))
+        ids = await insert_events(stack, 30)
+        async with running_deliverer(stack):
+            await eventually(lambda: _none_pending(stack), timeout=300, every=0.5)
+    back = {r.headers["webhook-id"] for r in receiver.received if r.at >= receiver.down_until}
+    assert back == set(ids)
+    assert await dead_letters(stack) == []
+    assert _events(caplog, "webhook.paused") >= 1
+    assert {row["status"] for row in await attempts(stack)} == {status, 200}
 
 
 async def test_a_429_storm_holds_back_the_whole_endpoint_for_its_retry_after(
