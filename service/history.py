@@ -8,6 +8,7 @@ events they queued or published.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,6 +29,19 @@ from service.settings import Settings
 REPLAY_PAGE = 500
 
 log = logging.getLogger("service.history")
+
+
+def add_window_arguments(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--since``, ``--until`` and ``--operator``, as ``flag`` (``--backfill``,
+    ``--replay-to``) takes them."""
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help=f"with {flag}: from when (ISO 8601, UTC without an offset, or how long ago: "
+        "90m, 6h, 3d, 2w)",
+    )
+    parser.add_argument("--until", metavar="TIME", help=f"with {flag}: to when (default: now)")
+    parser.add_argument("--operator", help=f"with {flag}: who asks (audited)")
 
 
 def asked(since: str | None, until: str | None, flag: str) -> Window:

@@ -70,14 +70,7 @@ def main() -> None:
         "(audited; --operator, one of EXPIRY_REPLAY_OPERATORS)",
     )
     parser.add_argument("--yes", action="store_true", help="with --retire: do it")
-    parser.add_argument(
-        "--since",
-        metavar="TIME",
-        help="with --backfill: from when (ISO 8601, UTC without an offset, or how long ago: "
-        "90m, 6h, 3d, 2w)",
-    )
-    parser.add_argument("--until", metavar="TIME", help="with --backfill: to when (default: now)")
-    parser.add_argument("--operator", help="with --backfill: who asks (audited)")
+    history.add_window_arguments(parser, "--backfill")
     run_command(parser, _main)
 
 

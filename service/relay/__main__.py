@@ -50,14 +50,7 @@ def main() -> None:
         "(an operator's act: the operator's database role and a broker user that may write "
         "to amq.default; audited, --operator one of EXPIRY_REPLAY_OPERATORS)",
     )
-    parser.add_argument(
-        "--since",
-        metavar="TIME",
-        help="with --replay-to: from when (ISO 8601, UTC without an offset, or how long ago: "
-        "90m, 6h, 3d, 2w)",
-    )
-    parser.add_argument("--until", metavar="TIME", help="with --replay-to: to when (default: now)")
-    parser.add_argument("--operator", help="with --replay-to: who asks (audited)")
+    history.add_window_arguments(parser, "--replay-to")
     run_command(parser, _main)
 
 
