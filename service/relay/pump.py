@@ -151,6 +151,8 @@ class Pump:
                 )
             if refused:
                 await release_claim(conn, [event.id for event in refused], token=token)
+        if refused:  # said once they are given back: they stay pending
+            self.ledger.refused(batch, retry_in=_pause_after(self._failures + 1))
         self.ledger.confirmed(batch, confirmed, seconds=time.monotonic() - started, at=confirmed_at)
         return batch
 
@@ -158,7 +160,7 @@ class Pump:
         self, events: Sequence[PendingEvent], batch: Batch
     ) -> tuple[list[PendingEvent], list[PendingEvent]]:
         """Publish the events as one page: the confirmed ones and the others (noted in
-        ``batch`` and said in one warning line)."""
+        ``batch``)."""
         page = [
             Command(
                 event_body(event.reservation_id, event.hold_until, event.expired_at),
@@ -175,7 +177,6 @@ class Pump:
         batch.unconfirmed = len(reasons) - batch.unroutable
         if reasons:
             batch.reason = reasons[0]
-            self.ledger.refused(batch, retry_in=_pause_after(self._failures + 1))
         refused = [event for event, why in zip(events, outcomes, strict=True) if why is not None]
         return confirmed, refused
 
