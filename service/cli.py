@@ -153,6 +153,9 @@ def run_command(parser: argparse.ArgumentParser, command: Command) -> None:
     except UsageError as exc:
         print(f"{parser.prog}: refused: {redact(str(exc))}", file=sys.stderr)
         code = EXIT_CONFIG
+    except ConfigError as exc:  # found on the way: a server's TLS refused (TlsRefused)
+        print(f"{parser.prog}: configuration error: {redact(str(exc))}", file=sys.stderr)
+        code = EXIT_CONFIG
     except Exception as exc:
         code = report_failure(parser.prog, exc, verbose=args.verbose)
     sys.exit(code)

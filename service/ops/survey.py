@@ -21,6 +21,7 @@ from service.adapters.postgres import outbox, ownership, partitions, webhook_end
 from service.adapters.postgres.leases import last_passes, newest_publish_age
 from service.adapters.postgres.schema import schema_state
 from service.core.redaction import redact
+from service.core.tls_failures import TlsRefused
 from service.ops.health import QueueState, Status
 from service.settings import Settings
 
@@ -29,7 +30,7 @@ from service.settings import Settings
 SCAN_STALL_MARGIN_SECONDS = 5.0
 PASSES_READ = 5
 # What reading the queues raises when the broker cannot be reached or read.
-BROKER_ERRORS = (OSError, aiormq.exceptions.AMQPError, TimeoutError)
+BROKER_ERRORS = (OSError, aiormq.exceptions.AMQPError, TimeoutError, TlsRefused)
 
 
 def new_status(settings: Settings) -> Status:
@@ -63,7 +64,7 @@ async def read_database(
     try:
         async with database as conn:
             await _read_facts(status, conn)
-    except DATABASE_ERRORS as exc:
+    except (*DATABASE_ERRORS, TlsRefused) as exc:
         status.backlog = None  # whatever was read is not the whole picture
         missing = schema_missing(exc)
         if missing is not None:

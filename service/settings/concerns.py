@@ -19,12 +19,14 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode
 
 from service.core.default_owners import OwnerRule, parse_owner_rules
 from service.core.dsn import ENCODING_HINT, parse_dsn, split_url
 from service.core.redaction import register_url_secrets
+from service.settings.tls_files import check_amqp_tls, check_management_tls, check_postgres_tls
 
 _AMQP_SCHEMES = ("amqp", "amqps")
 OPERATOR_LIMIT = 64
@@ -66,6 +68,13 @@ class _Connections(BaseSettings):
     # (straight, or a session-mode port), for what lives on a session: the relay's LISTEN.
     # Unset, the relay polls (EXPIRY_RELAY_POLL_SECONDS) and says so at start.
     db_session_url: str | None = None
+    # The management API's TLS, when its URL is https:// (docs/deployment.md, "TLS"):
+    # the CA that signed its certificate (unset: the first AMQP_URL's cafile, else the
+    # system's CAs), and a client certificate with its key where it asks for one (unset:
+    # the AMQP URL's certfile and keyfile).
+    management_ca_file: str | None = None
+    management_cert_file: str | None = None
+    management_key_file: str | None = None
 
     @field_validator("database_url", "db_session_url", mode="before")
     @classmethod
@@ -79,6 +88,7 @@ class _Connections(BaseSettings):
     def _check_database_url(cls, value: str | None) -> str | None:
         if value is not None:
             parse_dsn(value)  # raises DsnError, a ValueError that never quotes the URL
+            check_postgres_tls(urlsplit(value).query)
         return value
 
     @field_validator("amqp_url", mode="before")
@@ -107,6 +117,13 @@ class _Connections(BaseSettings):
                 raise ValueError("must be an http:// or https:// URL")
             return value.strip()
         return value
+
+    @model_validator(mode="after")
+    def _check_management_tls(self) -> _Connections:
+        check_management_tls(
+            self.management_ca_file, self.management_cert_file, self.management_key_file
+        )
+        return self
 
 
 class _Pipeline(BaseSettings):
@@ -302,6 +319,7 @@ def _check_amqp_url(value: str) -> str:
         raise _invalid_url("a port must be a number from 1 to 65535")
     if not parts.hostname:
         raise ValueError("has no host")
+    check_amqp_tls(parts.scheme, parts.query)
     return value
 
 

@@ -41,6 +41,7 @@ class PgCluster:
     name: str = field(default_factory=lambda: f"faults{secrets.token_hex(4)}")
     version: str = field(default_factory=postgres_version)
     port: int = field(default_factory=lambda: free_port_block(1))
+    options: tuple[str, ...] = ()  # more postgresql.conf settings, "name=value"
     created: bool = False
 
     def _ctl(self, action: str, *extra: str) -> None:
@@ -60,6 +61,7 @@ class PgCluster:
                 str(self.port),
                 "-o",
                 "max_connections=200",
+                *(arg for option in self.options for arg in ("-o", option)),
                 "--",
                 "--auth=trust",
             ]
@@ -76,6 +78,15 @@ class PgCluster:
             if time.monotonic() > deadline:
                 raise ServerUnavailable(f"private PostgreSQL cluster {self.name} did not start")
             time.sleep(0.2)
+
+    @property
+    def config_dir(self) -> Path:
+        """Where its postgresql.conf and pg_hba.conf are (Debian's layout)."""
+        return Path("/etc/postgresql") / self.version / self.name
+
+    def reload(self) -> None:
+        """Read the configuration files again (pg_hba.conf, the TLS files)."""
+        self._ctl("reload")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the cluster (``fast``: sessions are terminated, like a restart)."""

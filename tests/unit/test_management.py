@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -24,6 +26,7 @@ from service.adapters.amqp.management import (
 )
 from service.core import topology
 from service.settings import Settings
+from tests.tls.certs import make_certs
 
 TOPOLOGY = topology.build_topology((1, 5), jitter=0.0, slots=1)
 
@@ -99,6 +102,30 @@ def test_an_explicit_url_with_credentials_uses_them() -> None:
     assert endpoint.base == "http://[::1]:15673"
     assert (endpoint.user, endpoint.password) == ("watch", "s:cret")
     assert endpoint.client().authorization == "Basic d2F0Y2g6czpjcmV0"
+
+
+def test_beside_an_amqps_node_the_api_is_https_checked_with_the_urls_files(
+    tmp_path: Path,
+) -> None:
+    """An amqps:// first node: https on port 15671, checked with AMQP_URL's cafile and
+    its client certificate; EXPIRY_MANAGEMENT_CA_FILE and _CERT_FILE win over them."""
+    certs = make_certs(tmp_path)
+    client = certs.external_client
+    query = f"cafile={certs.ca}&certfile={client.cert}&keyfile={client.key}"
+    endpoint = endpoint_for(_settings(f"amqps://svc:pw@rabbit1:5671/v?{query}"))
+    assert endpoint.base == "https://rabbit1:15671"
+    assert endpoint.tls == management.TlsFiles(str(certs.ca), str(client.cert), str(client.key))
+    assert endpoint.tls.context().verify_mode == ssl.CERT_REQUIRED
+    own = Settings(
+        amqp_url=(f"amqps://svc:pw@rabbit1:5671/v?{query}",),
+        management_ca_file=str(certs.wrong_ca),
+        management_cert_file=str(certs.postgres_client.cert),
+        management_key_file=str(certs.postgres_client.key),
+    )
+    assert endpoint_for(own).tls == management.TlsFiles(
+        str(certs.wrong_ca), str(certs.postgres_client.cert), str(certs.postgres_client.key)
+    )
+    assert endpoint_for(_settings("amqp://h/")).tls == management.TlsFiles()
 
 
 def test_the_declared_topology_shows_no_drift() -> None:

@@ -20,6 +20,7 @@ from yarl import URL
 
 from service.core.errors import PublishNotConfirmed
 from service.core.redaction import redact
+from service.core.tls_failures import refused, tls_failure
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,13 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
     )
     last: BaseException | None = None
     for index, url in enumerate(nodes):
+        _say_unverified(url)
         try:
             connection = await _connect_node(url, settings.publish_timeout_seconds)
         except UNREACHABLE as exc:
+            why = tls_failure(exc)
+            if why is not None:  # a setting's fault: no other node or retry would help
+                raise refused("AMQP_URL", f"RabbitMQ at {url.host}:{url.port}", why) from None
             log.warning(
                 "broker.unreachable", extra={"url": redact(str(url)), "error": _describe(exc)}
             )
@@ -118,6 +123,18 @@ async def connect(settings: Settings, *, name: str) -> AbstractRobustConnection:
             return connection
     listed = ", ".join(settings.amqp_url)
     raise ConnectionError(redact(f"cannot reach RabbitMQ at {listed}: {_describe(last)}")) from last
+
+
+def _say_unverified(url: URL) -> None:
+    if url.scheme == "amqps" and url.query.get("no_verify_ssl", "0") != "0":
+        log.warning(
+            "broker.tls_unverified",
+            extra={
+                "host": url.host,
+                "reason": "AMQP_URL has no_verify_ssl=1: the broker's certificate is not "
+                "checked, so anyone on the path can stand in for it",
+            },
+        )
 
 
 async def _connect_node(url: URL, timeout: float) -> ClusterConnection:

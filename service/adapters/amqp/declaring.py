@@ -28,6 +28,7 @@ from aio_pika.abc import (
 from service.adapters.amqp import management
 from service.core.errors import TopologyMismatch
 from service.core.redaction import redact
+from service.core.tls_failures import refused
 from service.core.topology import DECLARE_COMMAND, Topology, build_topology
 from service.settings import Settings
 
@@ -122,6 +123,8 @@ async def check_topology(
     try:
         observed = await management.read_observed(endpoint)
     except management.ManagementUnavailable as exc:
+        if exc.tls_refused is not None:  # a setting's fault, not the API away for a while
+            raise refused("EXPIRY_MANAGEMENT_URL", endpoint.base, exc.tls_refused) from None
         log.warning(
             "topology.arguments_unchecked",
             extra={"management_url": redact(endpoint.base), "reason": redact(str(exc))},

@@ -16,6 +16,7 @@ import asyncio
 import base64
 import http.client
 import json
+import ssl
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,13 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote, unquote, urlencode, urlsplit
 from urllib.request import Request, urlopen
 
+from service.core.tls_failures import tls_failure
 from service.core.topology import ExchangeSpec, QueueSpec, Topology
 from service.settings import Settings
+from service.settings.tls_files import amqp_tls_files
 
 MANAGEMENT_PORT = 15672
+MANAGEMENT_TLS_PORT = 15671  # RabbitMQ's conventional https port for the API
 READ_TIMEOUT_SECONDS = 5.0
 QUEUE_COLUMNS = "name,durable,auto_delete,arguments"
 EXCHANGE_COLUMNS = "name,type,durable,auto_delete,internal,arguments"
@@ -37,9 +41,29 @@ EVERYTHING = {"configure": ".*", "write": ".*", "read": ".*"}
 class ManagementUnavailable(Exception):
     """The management API could not be read (unreachable, refused, or answered nonsense)."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, tls_refused: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status  # the HTTP status of a refusal, e.g. 401 or 404
+        self.tls_refused = tls_refused  # what was wrong with TLS, when that was it
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The files an https:// API is checked with: a CA (None: the system's), a client
+    certificate and its key (None: none)."""
+
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """A client context that verifies the server and its host name."""
+        context = ssl.create_default_context(cafile=self.cafile)
+        if self.certfile is not None:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        return context
 
 
 def _name(text: str) -> str:
@@ -50,7 +74,13 @@ class Management:
     """The API at ``url``, logged in as ``user`` (default: the URL's user, else guest)."""
 
     def __init__(
-        self, url: str, *, user: str | None = None, password: str | None = None, timeout: float = 30
+        self,
+        url: str,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = 30,
+        tls: TlsFiles | None = None,
     ) -> None:
         parts = urlsplit(url)
         port = f":{parts.port}" if parts.port else ""
@@ -58,6 +88,8 @@ class Management:
         self.user = user if user is not None else unquote(parts.username or "guest")
         self.password = password if password is not None else unquote(parts.password or "guest")
         self.timeout = timeout
+        self._tls = tls or TlsFiles()
+        self._context: ssl.SSLContext | None = None
 
     @property
     def authorization(self) -> str:
@@ -83,19 +115,29 @@ class Management:
         if data is not None:
             request.add_header("content-type", "application/json")
         try:
-            with urlopen(request, timeout=self.timeout) as response:
+            with urlopen(request, timeout=self.timeout, context=self._tls_context()) as response:
                 text = response.read()
             return json.loads(text) if text else None
         except HTTPError as exc:
             exc.close()  # its answer's connection
             message = f"{label}: HTTP {exc.code} {exc.reason}"
             raise ManagementUnavailable(message, status=exc.code) from None
-        except URLError as exc:
-            raise ManagementUnavailable(f"{label}: unreachable ({exc.reason})") from None
-        except (OSError, http.client.HTTPException) as exc:  # a timeout, a reset
+        except (OSError, http.client.HTTPException) as exc:  # a timeout, a reset, TLS
+            why = tls_failure(exc)
+            if why is not None:
+                raise ManagementUnavailable(f"{label}: {why}", tls_refused=why) from None
+            if isinstance(exc, URLError):
+                raise ManagementUnavailable(f"{label}: unreachable ({exc.reason})") from None
             raise ManagementUnavailable(f"{label}: {type(exc).__name__}: {exc}") from None
         except ValueError:
             raise ManagementUnavailable(f"{label}: the answer is not JSON") from None
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.base.startswith("https:"):
+            return None
+        if self._context is None:
+            self._context = self._tls.context()
+        return self._context
 
     async def create_vhost(self, vhost: str, user: str | None = None) -> None:
         """Create ``vhost`` and let ``user`` (default: this client's) do anything in it."""
@@ -167,25 +209,41 @@ class Endpoint:
     user: str
     password: str
     vhost: str
+    tls: TlsFiles = TlsFiles()
 
     def client(self, timeout: float = READ_TIMEOUT_SECONDS) -> Management:
         """A client of this endpoint."""
-        return Management(self.base, user=self.user, password=self.password, timeout=timeout)
+        return Management(
+            self.base, user=self.user, password=self.password, timeout=timeout, tls=self.tls
+        )
 
 
 def endpoint_for(settings: Settings) -> Endpoint:
-    """``EXPIRY_MANAGEMENT_URL``, or http beside the first node of ``AMQP_URL`` (port
-    15672); its own credentials if it has some, else the AMQP URL's; the AMQP URL's vhost."""
+    """``EXPIRY_MANAGEMENT_URL``, or beside the first node of ``AMQP_URL`` (http on port
+    15672; https on 15671 when that node is amqps://); its own credentials if it has some,
+    else the AMQP URL's; the AMQP URL's vhost. An https API is checked with
+    ``EXPIRY_MANAGEMENT_CA_FILE`` (and its client certificate), else the AMQP URL's files."""
     amqp = urlsplit(settings.amqp_url[0])
     user = unquote(amqp.username) if amqp.username is not None else "guest"
     password = unquote(amqp.password) if amqp.password is not None else "guest"
     vhost = unquote(amqp.path[1:]) if len(amqp.path) > 1 else "/"
+    given_files = amqp_tls_files(amqp.query)
+    tls = TlsFiles(
+        settings.management_ca_file or given_files.get("cafile"),
+        settings.management_cert_file or given_files.get("certfile"),
+        settings.management_key_file
+        or (given_files.get("keyfile") if settings.management_cert_file is None else None),
+    )
     if settings.management_url is None:
-        return Endpoint(f"http://{_host(amqp.hostname)}:{MANAGEMENT_PORT}", user, password, vhost)
+        if amqp.scheme == "amqps":
+            base = f"https://{_host(amqp.hostname)}:{MANAGEMENT_TLS_PORT}"
+        else:
+            base = f"http://{_host(amqp.hostname)}:{MANAGEMENT_PORT}"
+        return Endpoint(base, user, password, vhost, tls)
     given = urlsplit(settings.management_url)
     if given.username is not None:
         user, password = unquote(given.username), unquote(given.password or "")
-    return Endpoint(Management(settings.management_url).base, user, password, vhost)
+    return Endpoint(Management(settings.management_url).base, user, password, vhost, tls)
 
 
 def _host(hostname: str | None) -> str:

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from service.core.dsn import parse_dsn
 from service.core.redaction import redact
+from service.core.tls_failures import refused, tls_failure
 from service.settings import Settings
 
 if TYPE_CHECKING:  # the stubs make these generic; the runtime classes are not
@@ -201,7 +203,13 @@ def pooled(
     return _closed_at_end(create_pool(settings, application_name=name, size=size, flushed=flushed))
 
 
-def _unreachable(settings: Settings, exc: BaseException) -> ConnectionError:
+def _unreachable(settings: Settings, exc: BaseException) -> Exception:
+    """What a failed connect raises: ``TlsRefused`` (one line naming the setting, no retry
+    helps) for a TLS failure, else a ``ConnectionError``."""
+    why = tls_failure(exc)
+    if why is not None:
+        hosts = ", ".join(str(host) for host in parse_dsn(settings.database_url).hosts)
+        return refused("DATABASE_URL", f"PostgreSQL at {hosts}", why)
     reason = str(exc).strip() or type(exc).__name__
     return ConnectionError(redact(f"cannot reach PostgreSQL at {settings.database_url}: {reason}"))
 

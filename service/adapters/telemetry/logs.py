@@ -156,3 +156,11 @@ def setup_logging(level: str, fmt: str) -> None:
     # names the endpoint's URL, credentials in it included) stays at WARNING.
     for noisy in ("aio_pika", "aiormq", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # aiormq says "error when creating transport" (at ERROR) for each connect that fails,
+    # which the service says itself: the one line of a refusal (a TLS failure), or
+    # broker.unreachable for the node it moves on from.
+    logging.getLogger("aiormq.connection").addFilter(_said_by_the_service)
+
+
+def _said_by_the_service(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("error when creating transport")
