@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import parse_qsl
 
 AMQP_TLS_OPTIONS = ("cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl")
@@ -68,6 +69,11 @@ def check_postgres_tls(query: str) -> None:
         )
     if root is not None:
         _check_ca(root, "sslrootcert")
+    elif mode in VERIFYING_SSLMODES and not _default_root_exists():
+        raise ValueError(
+            f"sslmode={mode} without sslrootcert: give the CA file (the system's, for a "
+            "server with a public CA: /etc/ssl/certs/ca-certificates.crt)"
+        )
     if "sslkey" in options and "sslcert" not in options:
         raise ValueError("sslkey given without sslcert")
     if "sslcert" in options:
@@ -96,6 +102,17 @@ def amqp_tls_files(query: str) -> Mapping[str, str]:
     """The files an AMQP URL's query names (``cafile``, ``certfile``, ``keyfile``)."""
     options = _options(query)
     return {name: options[name] for name in ("cafile", "certfile", "keyfile") if name in options}
+
+
+def _default_root_exists() -> bool:
+    """Whether asyncpg finds a CA without sslrootcert: PGSSLROOTCERT, or libpq's
+    ~/.postgresql/root.crt."""
+    if os.environ.get("PGSSLROOTCERT"):
+        return True
+    try:
+        return (Path.home() / ".postgresql" / "root.crt").is_file()
+    except RuntimeError:  # no home directory
+        return False
 
 
 def _options(query: str) -> dict[str, str]:

@@ -160,3 +160,34 @@ async def test_the_management_api_refused_for_its_tls_stops_a_consumer_with_one_
     assert line.endswith(
         f": configuration error: EXPIRY_MANAGEMENT_URL: TLS to {base} refused: {UNTRUSTED}"
     )
+
+
+async def test_without_a_ca_file_the_systems_cas_check_the_broker_and_its_api(
+    stack: support.Stack, tls_broker: TlsRabbitNode, tls_certs: Certs, vhost: str
+) -> None:
+    """No cafile, no EXPIRY_MANAGEMENT_CA_FILE: the system's CAs decide (OpenSSL's
+    SSL_CERT_FILE stands for a system store holding the CA): declare, then a scan pass
+    that reads the topology's arguments over https; without the CA in the store, refused
+    as untrusted."""
+    client = tls_certs.external_client
+    env = {
+        "DATABASE_URL": stack.database_url,
+        "AMQP_URL": tls_broker.amqps_url(
+            vhost, options={"certfile": client.cert, "keyfile": client.key}
+        ),
+        "EXPIRY_MANAGEMENT_URL": tls_broker.https_url,
+        "SSL_CERT_FILE": str(tls_certs.ca),
+    }
+    declared = await asyncio.to_thread(
+        support.run_module, "service.declare", env=base_env() | env, timeout=90
+    )
+    assert declared.returncode == 0, declared.stderr[-2000:]
+    scanned = await asyncio.to_thread(
+        support.run_module, "service.produce", "--scan", env=base_env() | env, timeout=90
+    )
+    assert scanned.returncode == 0, scanned.stderr[-2000:]
+    assert "arguments_unchecked" not in scanned.stderr  # the https API was read
+    env["SSL_CERT_FILE"] = str(tls_certs.wrong_ca)
+    line = await asyncio.to_thread(_refusal, "service.declare", env)
+    where = f"RabbitMQ at localhost:{tls_broker.tls_port}"
+    assert line.endswith(f": configuration error: AMQP_URL: TLS to {where} refused: {UNTRUSTED}")

@@ -24,8 +24,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 def _load(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
     """The one line ``load_settings`` refuses with, or "ok"."""
-    for name in ("AMQP_URL", "DATABASE_URL"):
+    for name in ("AMQP_URL", "DATABASE_URL", "PGSSLROOTCERT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/.postgresql/root.crt
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     try:
@@ -113,6 +114,10 @@ def test_database_url_options_that_would_fail_or_mislead_are_refused(
         ),
         PG + _q(sslmode="verify-full", sslrootcert=certs.server.key): (
             f"DATABASE_URL: sslrootcert {certs.server.key} holds no PEM certificate"
+        ),
+        PG + _q(sslmode="verify-full"): (
+            "DATABASE_URL: sslmode=verify-full without sslrootcert: give the CA file (the "
+            "system's, for a server with a public CA: /etc/ssl/certs/ca-certificates.crt)"
         ),
         PG + _q(sslkey=certs.postgres_client.key): "DATABASE_URL: sslkey given without sslcert",
         PG + _q(sslcert=certs.postgres_client.cert, sslkey=certs.encrypted_key): (
