@@ -92,12 +92,13 @@ def failures(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_every_rendering_passes_every_check(tools: None, tmp_path: Path) -> None:
-    """Both profiles, in every combination of their Components, pass every check."""
+    """Both profiles, in every combination of their Components, and large-pooler pass every
+    check."""
     done = run("check.py", "all", "--out", tmp_path)
     print(done.stdout)  # every check's report: the record of a CI run (-s)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
     assert "every check passed" in done.stdout
-    assert done.stdout.count("(shipped)") == 2
+    assert done.stdout.count("(shipped)") == 3
 
 
 def test_generated_files_are_current_and_a_stale_one_is_named(tmp_path: Path) -> None:
@@ -291,6 +292,64 @@ def test_consistency_check_rejects_broken_cross_object_rules(
     scanner = the(lying, "Deployment", "expiry-scanner")
     scanner["spec"]["template"]["spec"]["containers"][0]["command"][4] = "10"
     assert "it runs every 10.0 s" in failures(check("consistency", tmp_path, lying))
+
+
+def settings_map(objects: list[Obj]) -> Obj:
+    """The settings ConfigMap (expiry-settings-HASH) of a rendering."""
+    named = [o for o in objects if o["metadata"]["name"].startswith("expiry-settings-")]
+    maps = [o for o in named if o["kind"] == "ConfigMap"]
+    assert len(maps) == 1, [o["metadata"]["name"] for o in maps]
+    return maps[0]
+
+
+def settings_of(objects: list[Obj]) -> dict[str, Any]:
+    """The settings of a rendering's ConfigMap."""
+    return dict(settings_map(objects)["data"])
+
+
+def test_large_pooler_renders_32_consumers_behind_the_pooler(rendered: Rendered) -> None:
+    """large-pooler is large with KEDA's (or the CPU HPA's) maximum at 32, every workload
+    told of the transaction pooler, egress to its port, and the relay's direct URL; large
+    itself keeps its 8 and no pooler."""
+    pooled, large = rendered["large-pooler"], rendered["large"]
+    scaled = the(pooled, "ScaledObject", "expiry-consumer")["spec"]
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (3, 32)
+    assert the(large, "ScaledObject", "expiry-consumer")["spec"]["maxReplicaCount"] == 8
+    on_cpu = next(o for name, o in rendered.items() if "large-pooler-on-large-cpu-" in name)
+    assert the(on_cpu, "HorizontalPodAutoscaler", "expiry-consumer")["spec"]["maxReplicas"] == 32
+    settings = settings_of(pooled)
+    assert settings["EXPIRY_DB_POOLER"] == "transaction"
+    assert "EXPIRY_DB_POOLER" not in settings_of(large)
+    assert {k: v for k, v in settings.items() if k != "EXPIRY_DB_POOLER"} == settings_of(large)
+    policy = the(pooled, "NetworkPolicy", "expiry-egress-pooler")["spec"]
+    assert policy["egress"] == [{"ports": [{"protocol": "TCP", "port": 6432}]}]
+    reached = set(policy["podSelector"]["matchExpressions"][1]["values"])
+    assert reached == {"consumer", "scanner", "scan", "relay", "deliver", "console"}
+    relay = the(pooled, "Deployment", "expiry-relay")["spec"]["template"]["spec"]
+    session = next(e for e in relay["containers"][0]["env"] if e["name"] == "EXPIRY_DB_SESSION_URL")
+    assert session["valueFrom"]["secretKeyRef"] == {
+        "name": "expiry-relay",
+        "key": "EXPIRY_DB_SESSION_URL",
+        "optional": True,
+    }
+
+
+def test_consistency_check_rejects_a_fleet_past_the_connections(
+    rendered: Rendered, tmp_path: Path
+) -> None:
+    """large-pooler without EXPIRY_DB_POOLER would ask PostgreSQL for 320 connections, and
+    its relay without EXPIRY_DB_SESSION_URL would only poll: both fail."""
+    unpooled = copy.deepcopy(rendered["large-pooler"])
+    del settings_map(unpooled)["data"]["EXPIRY_DB_POOLER"]
+    found = failures(check("consistency", tmp_path, unpooled))
+    assert "ScaledObject/expiry-consumer: up to 32 consumers x EXPIRY_DB_POOL_SIZE 10" in found
+    assert "= 320 PostgreSQL connections, over 80" in found
+    deaf = copy.deepcopy(rendered["large-pooler"])
+    container = the(deaf, "Deployment", "expiry-relay")["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [e for e in container["env"] if e["name"] != "EXPIRY_DB_SESSION_URL"]
+    found = failures(check("consistency", tmp_path, deaf))
+    assert "Deployment/expiry-relay: EXPIRY_DB_POOLER=transaction without" in found
+    assert "PostgreSQL connections" not in found
 
 
 def test_argocd_application_kustomization_renders(tools: None) -> None:

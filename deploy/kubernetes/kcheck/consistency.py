@@ -12,7 +12,10 @@
 - every image went through components/image (a registry, a tag or digest);
 - Secrets referenced (as variables or mounted as files), never inline, and each one
   documented in secrets.example.yaml;
-- every namespaced object in the namespace of namespace/namespace.yaml.
+- every namespaced object in the namespace of namespace/namespace.yaml;
+- PostgreSQL's connections (kcheck/connections.py): the consumers' autoscaler maximum x
+  EXPIRY_DB_POOL_SIZE within what the server allows unless through a transaction pooler,
+  and a relay behind one given a direct URL to LISTEN on.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from kcheck.connections import db_connections, relay_session
 from kcheck.manifests import (
     HERE,
     Obj,
@@ -323,6 +327,8 @@ RULES: list[Callable[[list[Obj], list[str]], None]] = [
     _images,
     _secrets,
     _namespaces,
+    db_connections,
+    relay_session,
 ]
 
 

@@ -6,12 +6,17 @@ with the opt-in webhook deliverer (components/webhooks) added to what it ships: 
 variants are the profile's kustomization.yaml with its ``components`` list replaced,
 written to .cache/v-RUN-NAME, at the same depth, so its relative paths hold. Then each profile's
 setup (migrate, declare) and the namespace.
+
+A derived profile (overlays/large-pooler: overlays/large as its resource, plus Components and
+patches of its own) is rendered as shipped, on its profile with the CPU autoscaler instead
+of KEDA (its patches bound both) and with the webhook deliverer, and its setup.
 """
 
 from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import shutil
 import subprocess
 from collections import Counter
@@ -24,6 +29,8 @@ from kcheck import tools
 from kcheck.manifests import HERE, Obj, Result, dump_stream, load_stream
 
 PROFILES = ("small", "large")
+# Derived profile: the profile it is built on (its only resource, ../../overlays/PROFILE).
+DERIVED = {"large-pooler": "large"}
 AUTOSCALERS = ("autoscale-keda", "autoscale-cpu")
 SCANS = ("scan-cron", "scan-every")
 # The order every profile lists them in: the image last (see components/image).
@@ -75,9 +82,53 @@ def variant_directory(profile: str, components: list[str], workdir: Path) -> Pat
     return directory
 
 
+def derived_directory(derived: str, profile_directory: Path, workdir: Path) -> Path:
+    """A derived profile's kustomization on another rendering of its profile (a variant's
+    directory, a sibling in .cache)."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    data = yaml.load(HERE / "overlays" / derived / "kustomization.yaml")
+    profile = DERIVED[derived]
+    on = profile_directory.name.removeprefix(f"v-{workdir.name}-")
+    directory = tools.CACHE / f"v-{workdir.name}-{derived}-on-{on}"
+    directory.mkdir(parents=True, exist_ok=True)
+    data["resources"] = [
+        os.path.relpath(profile_directory, directory)
+        if entry == f"../../overlays/{profile}"
+        else entry
+        for entry in data["resources"]
+    ]
+    with (directory / "kustomization.yaml").open("w", encoding="utf-8") as out:
+        yaml.dump(data, out)
+    return directory
+
+
+def derived_targets(workdir: Path) -> list[tuple[str, Path]]:
+    """(name, directory) of each derived profile: as shipped, on its profile with the CPU
+    autoscaler and with the webhook deliverer, and its setup."""
+    found: list[tuple[str, Path]] = []
+    for derived, profile in DERIVED.items():
+        shipped_name = f"{derived} (shipped): {profile} + its components and patches"
+        found.append((shipped_name, HERE / "overlays" / derived))
+        shipped = shipped_components(profile)
+        variants = {
+            "autoscale-cpu": [
+                "autoscale-cpu" if name == "autoscale-keda" else name for name in shipped
+            ],
+            "webhooks": [*shipped[:-1], "webhooks", *shipped[-1:]],
+        }
+        for what, components in variants.items():
+            on = variant_directory(profile, components, workdir)
+            found.append(
+                (f"{derived}: on {profile} with {what}", derived_directory(derived, on, workdir))
+            )
+        found.append((f"{derived}/setup", HERE / "overlays" / derived / "setup"))
+    return found
+
+
 def targets(workdir: Path) -> list[tuple[str, Path]]:
     """(name, kustomization directory) of every rendering: each profile in every
-    combination, each profile's setup, the namespace."""
+    combination, each profile's setup, the derived profiles, the namespace."""
     found: list[tuple[str, Path]] = []
     for profile in PROFILES:
         shipped = shipped_components(profile)
@@ -93,6 +144,7 @@ def targets(workdir: Path) -> list[tuple[str, Path]]:
             (f"{profile}: shipped + webhooks", variant_directory(profile, with_webhooks, workdir))
         )
         found.append((f"{profile}/setup", HERE / "overlays" / profile / "setup"))
+    found += derived_targets(workdir)
     found.append(("namespace", HERE / "namespace"))
     return found
 
