@@ -24,7 +24,7 @@ RESET = """
 BEGIN;
 SET LOCAL session_replication_role = replica;
 TRUNCATE reservations, dead_letters, dead_letter_replays, dead_letter_events, expiry_events,
-         expiry_events_sent, webhook_deliveries, webhook_endpoints CASCADE;
+         expiry_events_sent, webhook_deliveries, webhook_attempts, webhook_endpoints CASCADE;
 COMMIT;
 """
 

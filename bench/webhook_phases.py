@@ -54,6 +54,9 @@ def record_delivery(results: Results, run: DeliverRun, say: Say) -> None:
     results.add(f"webhooks.cpu_{key}", "  deliverer CPU, share of one core", "%", share)
     results.add(f"webhooks.cpu_us_{key}", "  deliverer CPU per delivery", "us", per_delivery)
     results.add(f"webhooks.receiver_{key}", "  receiver CPU, cores", "cores", run.receiver_cores)
+    per_1000 = run.attempt_bytes_per_1000
+    label = "  webhook_attempts on disk per 1,000 deliveries"
+    results.add(f"webhooks.attempt_bytes_{key}", label, "B", per_1000)
     shares = run.machine
     busy = shares.machine_busy * 100
     results.add(f"machine.webhooks_{key}", "  machine CPU busy, all cores", "%", busy)
@@ -65,6 +68,11 @@ def record_delivery(results: Results, run: DeliverRun, say: Say) -> None:
         f"in {received.seconds:.2f}s (first to last request): {received.rate:,.0f}/s, "
         f"CPU {run.cpu_share:.0%} of a core per deliverer, {run.cpu_us_per_delivery:,.0f} "
         f"us/delivery; {received.repeats:,} delivered again"
+    )
+    say(
+        f"                   kept: webhook_attempts {run.kept.attempts:,} rows, "
+        f"{per_1000:,.0f} B per 1,000 deliveries (dropped a week at a time past "
+        f"EXPIRY_RETENTION_DAYS); webhook_deliveries {run.kept.deliveries:,} rows left"
     )
     say(
         f"                   machine CPU {shares.machine_busy:.0%} busy: "

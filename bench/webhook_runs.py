@@ -102,6 +102,34 @@ class Receiver:
         )
 
 
+# What the webhook tables hold after a run: the attempt log (every partition and index,
+# after VACUUM ANALYZE, as bench.table_sizes measures), and the deliveries left (the
+# delivered ones go at once: none should be).
+KEPT = """
+SELECT (SELECT count(*) FROM webhook_attempts) AS attempts,
+       (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)
+          FROM pg_partition_tree('webhook_attempts') AS p)::bigint AS attempts_bytes,
+       (SELECT count(*) FROM webhook_deliveries) AS deliveries
+"""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The webhook tables after a run."""
+
+    attempts: int
+    attempts_bytes: int
+    deliveries: int
+
+
+async def kept(conn: db.Connection) -> Kept:
+    """What the webhook tables hold now."""
+    await conn.execute("VACUUM ANALYZE webhook_attempts, webhook_deliveries")
+    row = await conn.fetchrow(KEPT)
+    assert row is not None
+    return Kept(row["attempts"], row["attempts_bytes"], row["deliveries"])
+
+
 @dataclass(frozen=True)
 class DeliverRun:
     """K deliverers working off N deliveries to one endpoint."""
@@ -112,6 +140,12 @@ class DeliverRun:
     cpu_seconds: float  # the deliverers', from the backlog's write to the last delivery
     receiver_cpu_seconds: float  # the receiver's, over the same time
     machine: cpu.Shares  # the same time: the machine, PostgreSQL, RabbitMQ
+    kept: Kept  # what the webhook tables hold once every delivery is done
+
+    @property
+    def attempt_bytes_per_1000(self) -> float:
+        """``webhook_attempts`` on disk per 1,000 deliveries (what retention bounds)."""
+        return self.kept.attempts_bytes / self.deliveries * 1000 if self.deliveries else 0.0
 
     @property
     def cpu_us_per_delivery(self) -> float:
@@ -166,6 +200,7 @@ class WebhookRuns:
             total_cpu(before, after),
             receiver_after.cpu_seconds - receiver_before.cpu_seconds,
             shares,
+            await kept(conn),
         )
 
     @contextlib.asynccontextmanager

@@ -75,6 +75,7 @@ FIGURES = [
             f"webhooks.cpu_{k}",
             f"webhooks.cpu_us_{k}",
             f"webhooks.receiver_{k}",
+            f"webhooks.attempt_bytes_{k}",
             f"machine.webhooks_{k}",
         )
     ),
