@@ -12,83 +12,15 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
 
-from tests.support import REPO, missing
+from tests.deploy.kube import TREE, Obj, Rendered, check, failures, find, run, the
 
 pytestmark = pytest.mark.kubernetes
-
-TREE = REPO / "deploy" / "kubernetes"
-Obj = dict[str, Any]
-Rendered = dict[str, list[Obj]]
-
-
-def run(script: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``python deploy/kubernetes/SCRIPT ARGS`` from the repository root."""
-    return subprocess.run(
-        [sys.executable, str(TREE / script), *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        check=False,
-    )
-
-
-def write(path: Path, objects: list[Obj]) -> Path:
-    """Objects as one YAML stream."""
-    with path.open("w", encoding="utf-8") as out:
-        YAML(typ="safe", pure=True).dump_all(objects, out)
-    return path
-
-
-def the(objects: list[Obj], kind: str, name: str) -> Obj:
-    """The object of that kind and name."""
-    for obj in objects:
-        if obj.get("kind") == kind and obj["metadata"]["name"] == name:
-            return obj
-    raise AssertionError(f"no {kind}/{name}")
-
-
-def find(objects: list[Obj], kind: str, name: str) -> Obj:
-    """A deep copy of the object of that kind and name (the test may break it)."""
-    return copy.deepcopy(the(objects, kind, name))
-
-
-@pytest.fixture(scope="session")
-def tools() -> None:
-    """Every tool the checks need is installed."""
-    found = run("check.py", "tools")
-    if found.returncode != 0:
-        missing(f"deploy/kubernetes tools: {found.stdout.strip() or found.stderr.strip()}")
-
-
-@pytest.fixture(scope="session")
-def rendered(tools: None, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
-    """Every rendering, by file name; the shipped profiles are `small` and `large`."""
-    out = tmp_path_factory.mktemp("rendered")
-    done = run("check.py", "render", "--out", out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    yaml = YAML(typ="safe")
-    found = {path.stem: [d for d in yaml.load_all(path) if d] for path in sorted(out.glob("*"))}
-    return {name.partition("-")[2]: objects for name, objects in found.items()}
-
-
-def check(name: str, tmp_path: Path, objects: list[Obj]) -> subprocess.CompletedProcess[str]:
-    """One check of check.py over these objects."""
-    return run("check.py", name, write(tmp_path / "objects.yaml", objects))
-
-
-def failures(done: subprocess.CompletedProcess[str]) -> str:
-    """The problem lines a check printed."""
-    return "\n".join(line for line in done.stdout.splitlines() if "FAIL " in line)
 
 
 def test_every_rendering_passes_every_check(tools: None, tmp_path: Path) -> None:
@@ -292,64 +224,6 @@ def test_consistency_check_rejects_broken_cross_object_rules(
     scanner = the(lying, "Deployment", "expiry-scanner")
     scanner["spec"]["template"]["spec"]["containers"][0]["command"][4] = "10"
     assert "it runs every 10.0 s" in failures(check("consistency", tmp_path, lying))
-
-
-def settings_map(objects: list[Obj]) -> Obj:
-    """The settings ConfigMap (expiry-settings-HASH) of a rendering."""
-    named = [o for o in objects if o["metadata"]["name"].startswith("expiry-settings-")]
-    maps = [o for o in named if o["kind"] == "ConfigMap"]
-    assert len(maps) == 1, [o["metadata"]["name"] for o in maps]
-    return maps[0]
-
-
-def settings_of(objects: list[Obj]) -> dict[str, Any]:
-    """The settings of a rendering's ConfigMap."""
-    return dict(settings_map(objects)["data"])
-
-
-def test_large_pooler_renders_32_consumers_behind_the_pooler(rendered: Rendered) -> None:
-    """large-pooler is large with KEDA's (or the CPU HPA's) maximum at 32, every workload
-    told of the transaction pooler, egress to its port, and the relay's direct URL; large
-    itself keeps its 8 and no pooler."""
-    pooled, large = rendered["large-pooler"], rendered["large"]
-    scaled = the(pooled, "ScaledObject", "expiry-consumer")["spec"]
-    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (3, 32)
-    assert the(large, "ScaledObject", "expiry-consumer")["spec"]["maxReplicaCount"] == 8
-    on_cpu = next(o for name, o in rendered.items() if "large-pooler-on-large-cpu-" in name)
-    assert the(on_cpu, "HorizontalPodAutoscaler", "expiry-consumer")["spec"]["maxReplicas"] == 32
-    settings = settings_of(pooled)
-    assert settings["EXPIRY_DB_POOLER"] == "transaction"
-    assert "EXPIRY_DB_POOLER" not in settings_of(large)
-    assert {k: v for k, v in settings.items() if k != "EXPIRY_DB_POOLER"} == settings_of(large)
-    policy = the(pooled, "NetworkPolicy", "expiry-egress-pooler")["spec"]
-    assert policy["egress"] == [{"ports": [{"protocol": "TCP", "port": 6432}]}]
-    reached = set(policy["podSelector"]["matchExpressions"][1]["values"])
-    assert reached == {"consumer", "scanner", "scan", "relay", "deliver", "console"}
-    relay = the(pooled, "Deployment", "expiry-relay")["spec"]["template"]["spec"]
-    session = next(e for e in relay["containers"][0]["env"] if e["name"] == "EXPIRY_DB_SESSION_URL")
-    assert session["valueFrom"]["secretKeyRef"] == {
-        "name": "expiry-relay",
-        "key": "EXPIRY_DB_SESSION_URL",
-        "optional": True,
-    }
-
-
-def test_consistency_check_rejects_a_fleet_past_the_connections(
-    rendered: Rendered, tmp_path: Path
-) -> None:
-    """large-pooler without EXPIRY_DB_POOLER would ask PostgreSQL for 320 connections, and
-    its relay without EXPIRY_DB_SESSION_URL would only poll: both fail."""
-    unpooled = copy.deepcopy(rendered["large-pooler"])
-    del settings_map(unpooled)["data"]["EXPIRY_DB_POOLER"]
-    found = failures(check("consistency", tmp_path, unpooled))
-    assert "ScaledObject/expiry-consumer: up to 32 consumers x EXPIRY_DB_POOL_SIZE 10" in found
-    assert "= 320 PostgreSQL connections, over 80" in found
-    deaf = copy.deepcopy(rendered["large-pooler"])
-    container = the(deaf, "Deployment", "expiry-relay")["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [e for e in container["env"] if e["name"] != "EXPIRY_DB_SESSION_URL"]
-    found = failures(check("consistency", tmp_path, deaf))
-    assert "Deployment/expiry-relay: EXPIRY_DB_POOLER=transaction without" in found
-    assert "PostgreSQL connections" not in found
 
 
 def test_argocd_application_kustomization_renders(tools: None) -> None:

@@ -82,6 +82,24 @@ def variant_directory(profile: str, components: list[str], workdir: Path) -> Pat
     return directory
 
 
+def setup_with(profile: str, component: str, workdir: Path) -> Path:
+    """A profile's setup with one more Component (before the image), written to
+    .cache/v-RUN-PROFILE-setup-COMPONENT/setup: three levels below deploy/kubernetes, as
+    overlays/<profile>/setup is, so that its relative paths hold."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    data = yaml.load(HERE / "overlays" / profile / "setup" / "kustomization.yaml")
+    components = list(data.get("components", []))
+    image = next(i for i, entry in enumerate(components) if Path(entry).name == "image")
+    components.insert(image, f"../../../components/{component}")
+    data["components"] = components
+    directory = tools.CACHE / f"v-{workdir.name}-{profile}-setup-{component}" / "setup"
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "kustomization.yaml").open("w", encoding="utf-8") as out:
+        yaml.dump(data, out)
+    return directory
+
+
 def derived_directory(derived: str, profile_directory: Path, workdir: Path) -> Path:
     """A derived profile's kustomization on another rendering of its profile (a variant's
     directory, a sibling in .cache)."""
@@ -138,12 +156,18 @@ def targets(workdir: Path) -> list[tuple[str, Path]]:
             mark = " (shipped)" if components == shipped else ""
             name = f"{profile}: {autoscaler}, {scan}, monitoring {'on' if monitoring else 'off'}"
             found.append((name + mark, directory))
-        # The opt-in webhook deliverer, on the shipped combination (before the image).
+        # The opt-in webhook deliverer, on the shipped combination (before the image); and
+        # with TLS to the servers too (components/tls mounts its Secret in every workload).
         with_webhooks = [*shipped[:-1], "webhooks", *shipped[-1:]]
         found.append(
             (f"{profile}: shipped + webhooks", variant_directory(profile, with_webhooks, workdir))
         )
+        with_tls = [*shipped[:-1], "webhooks", "tls", *shipped[-1:]]
+        found.append(
+            (f"{profile}: shipped + webhooks + tls", variant_directory(profile, with_tls, workdir))
+        )
         found.append((f"{profile}/setup", HERE / "overlays" / profile / "setup"))
+        found.append((f"{profile}/setup + tls", setup_with(profile, "tls", workdir)))
     found += derived_targets(workdir)
     found.append(("namespace", HERE / "namespace"))
     return found
@@ -171,7 +195,8 @@ def render_all(out: Path) -> tuple[list[Rendering], Result]:
     out.mkdir(parents=True, exist_ok=True)
     renderings = []
     found = targets(workdir)
-    for directory in {d for _, d in found if d.name.startswith("v-")}:
+    made = {d if d.name.startswith("v-") else d.parent for _, d in found}
+    for directory in {d for d in made if d.name.startswith("v-")}:
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
     for index, (name, directory) in enumerate(found):
         try:
