@@ -49,9 +49,10 @@ from tests.webhook_support import (
     receiving,
 )
 
-# one_broker: HTTP and PostgreSQL only. The old release's venv takes about a second from
-# uv's cache (the registry otherwise): not slow.
-pytestmark = [pytest.mark.integration, pytest.mark.one_broker]
+# one_broker: HTTP and PostgreSQL only. slow: about 22 s, and the old release's venv comes
+# from uv's cache or the package registry: a rollout's proof for CI (leg 1), not for the
+# fast suite's loop.
+pytestmark = [pytest.mark.integration, pytest.mark.one_broker, pytest.mark.slow]
 
 BEFORE_ISSUE_44 = "ae8379a^"
 EVENTS = 300
