@@ -75,6 +75,23 @@ async def docker_ok(*args: str, timeout: float = 120) -> str:
     return output
 
 
+# runc freezes a container's cgroup and gives up ("unable to freeze") when a task of it
+# does not stop within its own short wait (one in the kernel at that moment): the
+# container is left running, as it was; another try a moment later succeeds.
+FREEZE_TRIES = 5
+
+
+async def docker_pause(container: str) -> None:
+    """``docker pause``, tried again while runc could not freeze the container in time."""
+    for attempt in range(1, FREEZE_TRIES + 1):
+        code, output = await docker("pause", container)
+        if code == 0:
+            return
+        if "unable to freeze" not in output or attempt == FREEZE_TRIES:
+            raise AssertionError(f"docker pause exited {code}: {output[-2000:]}")
+        await asyncio.sleep(0.5 * attempt)
+
+
 @dataclass
 class Containers:
     """This test's containers of ``image``; ``env_dir`` holds their env files."""

@@ -16,7 +16,7 @@ import pytest
 
 from service.console.auth import hash_password
 from tests.events_support import bind_reader_queue, collect_events
-from tests.image.containers import docker_ok
+from tests.image.containers import docker_ok, docker_pause
 from tests.image.world import (
     CONSUMER_GRACE,
     CONSUMER_ROLE,
@@ -107,7 +107,7 @@ async def _deploy_expire_and_stop(world: World, receiver: Receiver) -> None:
 
     # Frozen while the broker fills its prefetch with deliveries, then SIGKILLed.
     await world.wait_expired(HOLDS_AT_ONCE + HOLDS_STREAMED // 4)
-    await docker_ok("pause", consumers[0])
+    await docker_pause(consumers[0])
     await asyncio.sleep(1)
     at_kill = await world.expired() - HOLDS_AT_ONCE
     await docker_ok("kill", consumers[0])
