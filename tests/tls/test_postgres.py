@@ -18,17 +18,12 @@ import pytest
 from service import scan
 from service.adapters.postgres.schema import migrate
 from tests import support
-from tests.acceptance.processes import base_env
 from tests.faults.nodes import PgCluster
 from tests.tls.certs import MISMATCHED_HOST, Certs
+from tests.tls.refusals import EXPIRED, MISMATCH, PLAIN, UNTRUSTED, WANTED, refusal
 from tests.tls.servers import postgres_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.private_broker]
-
-UNTRUSTED = (
-    "the server's certificate was refused: it is not signed by a trusted CA (check the CA "
-    "file given, or the system's CAs)"
-)
 
 
 async def _database(cluster: PgCluster, certs: Certs) -> str:
@@ -68,12 +63,7 @@ async def _expired(url: str, count: int) -> bool:
 
 
 def _refusal(url: str) -> str:
-    """The one line ``python -m service.migrate`` stopped with (exit 2, nothing else)."""
-    result = support.run_module("service.migrate", env=base_env() | {"DATABASE_URL": url})
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert len(lines) == 1, result.stderr[-2000:]
-    return lines[0]
+    return refusal("service.migrate", {"DATABASE_URL": url})
 
 
 def _expected(cluster: PgCluster, why: str, host: str = "localhost") -> str:
@@ -92,15 +82,14 @@ async def test_each_tls_failure_to_the_database_stops_a_command_with_one_line(
         url = postgres_url(tls_postgres, tls_certs, host=MISMATCHED_HOST)
         expected = _expected(
             tls_postgres,
-            "the server's certificate was refused: it does not name the host connected to "
-            "(connect by a name it has)",
+            MISMATCH,
             host=MISMATCHED_HOST,
         )
     else:
         url = postgres_url(tls_postgres, tls_certs).split("&sslcert=")[0]
         expected = _expected(
             tls_postgres,
-            "the server wants a client certificate (none given, or one it cannot use)",
+            WANTED,
         )
     assert (await asyncio.to_thread(_refusal, url)).endswith(expected)
 
@@ -139,10 +128,6 @@ async def test_a_server_whose_tls_changed_stops_a_command_with_one_line(
         tls_postgres, tls_certs, expired=case == "expired", plain=case == "plain-server"
     ):
         line = await asyncio.to_thread(_refusal, url)
-    why = (
-        "the server's certificate was refused: it has expired"
-        if case == "expired"
-        else "the server does not speak TLS there (a plain port where TLS was required)"
-    )
+    why = EXPIRED if case == "expired" else PLAIN
     assert line.endswith(_expected(tls_postgres, why))
     assert "Traceback" not in line

@@ -19,14 +19,10 @@ from service.settings import Settings
 from tests import support
 from tests.acceptance.processes import base_env
 from tests.tls.certs import EXTERNAL_USER, MISMATCHED_HOST, Certs
+from tests.tls.refusals import EXPIRED, MISMATCH, PLAIN, UNTRUSTED, WANTED, refusal
 from tests.tls.servers import TlsRabbitNode, client_options, handshake_server, server_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.private_broker]
-
-UNTRUSTED = (
-    "the server's certificate was refused: it is not signed by a trusted CA (check the CA "
-    "file given, or the system's CAs)"
-)
 
 
 @pytest.fixture
@@ -96,16 +92,6 @@ async def _expired(stack: support.Stack, count: int) -> bool:
     return (await support.statuses(stack.database_url)).get("expired", 0) >= count
 
 
-def _refusal(module: str, env: dict[str, str], *args: str) -> str:
-    """The one line ``python -m module`` stopped with (exit 2, nothing else said)."""
-    result = support.run_module(module, *args, env=base_env() | env, timeout=90)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert len(lines) == 1, result.stderr[-2000:]
-    assert "guest" not in result.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize(
     "case", ["wrong-ca", "host-mismatch", "no-client-certificate", "expired", "plain-server"]
 )
@@ -119,21 +105,18 @@ async def test_each_tls_failure_to_the_broker_stops_a_command_with_one_line(
         options["cafile"] = tls_certs.wrong_ca
     elif case == "host-mismatch":
         host = MISMATCHED_HOST
-        expected = (
-            "the server's certificate was refused: it does not name the host connected to "
-            "(connect by a name it has)"
-        )
+        expected = MISMATCH
     elif case == "no-client-certificate":
         options = {"cafile": tls_certs.ca}
-        expected = "the server wants a client certificate (none given, or one it cannot use)"
+        expected = WANTED
     elif case == "plain-server":
         port = 5672  # the machine's broker, without TLS
-        expected = "the server does not speak TLS there (a plain port where TLS was required)"
+        expected = PLAIN
     with handshake_server(server_context(tls_certs.expired_server)) as expired_port:
         if case == "expired":
-            port, expected = expired_port, "the server's certificate was refused: it has expired"
+            port, expected = expired_port, EXPIRED
         url = tls_broker.amqps_url(vhost, host=host, port=port, options=options)
-        line = await asyncio.to_thread(_refusal, "service.declare", {"AMQP_URL": url})
+        line = await asyncio.to_thread(refusal, "service.declare", {"AMQP_URL": url})
     assert line.endswith(
         f": configuration error: AMQP_URL: TLS to RabbitMQ at {host}:{port} refused: {expected}"
     )
@@ -155,7 +138,7 @@ async def test_the_management_api_refused_for_its_tls_stops_a_consumer_with_one_
     )
     assert declared.returncode == 0, declared.stderr[-2000:]  # with the right CA
     env["EXPIRY_MANAGEMENT_CA_FILE"] = str(tls_certs.wrong_ca)
-    line = await asyncio.to_thread(_refusal, "service.consume", env)
+    line = await asyncio.to_thread(refusal, "service.consume", env)
     base = f"https://localhost:{tls_broker.https_port}"
     assert line.endswith(
         f": configuration error: EXPIRY_MANAGEMENT_URL: TLS to {base} refused: {UNTRUSTED}"
@@ -188,6 +171,6 @@ async def test_without_a_ca_file_the_systems_cas_check_the_broker_and_its_api(
     assert scanned.returncode == 0, scanned.stderr[-2000:]
     assert "arguments_unchecked" not in scanned.stderr  # the https API was read
     env["SSL_CERT_FILE"] = str(tls_certs.wrong_ca)
-    line = await asyncio.to_thread(_refusal, "service.declare", env)
+    line = await asyncio.to_thread(refusal, "service.declare", env)
     where = f"RabbitMQ at localhost:{tls_broker.tls_port}"
     assert line.endswith(f": configuration error: AMQP_URL: TLS to {where} refused: {UNTRUSTED}")
