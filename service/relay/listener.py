@@ -15,6 +15,10 @@ a server or a firewall that went away without a word) would never say so. So eve
 terminated, is dropped and a new one made (``relay.listener_lost``, then
 ``relay.listening``), the relay's poll covering for it meanwhile. A new connection
 wakes the relay once: what was notified while nobody listened is looked for at once.
+
+The first LISTEN is made at start: a TLS refusal there stops the relay with one line
+naming the setting (DATABASE_URL or EXPIRY_DB_SESSION_URL), since only a setting can
+mend it; a server that is down is left to the retries, the poll covering meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from service.adapters import postgres
 from service.adapters.classify import classify
 from service.adapters.postgres.outbox import CHANNEL
+from service.core.tls_failures import TlsRefused
 from service.settings import Settings
 
 log = logging.getLogger("service.relay")
@@ -44,19 +49,38 @@ class Listener:
     """Keeps a LISTEN on ``CHANNEL`` open, and sets ``wake`` on each notification (see
     the module docstring); ``listening`` says whether it has one now."""
 
-    def __init__(self, settings: Settings, wake: asyncio.Event) -> None:
+    def __init__(
+        self, settings: Settings, wake: asyncio.Event, *, setting: str = "DATABASE_URL"
+    ) -> None:
         self.settings = settings
         self.wake = wake
+        self.setting = setting  # the setting whose URL ``settings.database_url`` is
         self.listening = False
         self.lost_at: float | None = None  # when the last connection was found dead
 
-    async def run(self) -> None:
-        """Listen, watch, listen again, until cancelled."""
-        attempts = 0
+    async def first(self) -> postgres.PlainConnection | None:
+        """The LISTEN made at start. A TLS refusal stops the relay there (``TlsRefused``,
+        one line naming the setting: no retry can help); any other failure is said and
+        left to ``run`` (None), the poll covering meanwhile."""
+        try:
+            return await self._listen()
+        except TlsRefused:
+            raise
+        except Exception as exc:
+            self._failed(exc, 1)
+            return None
+
+    async def run(self, first: postgres.PlainConnection | None) -> None:
+        """Watch ``first`` (None: it failed, see ``first``), then listen, watch, listen
+        again, until cancelled."""
+        attempts = 0 if first is not None else 1
+        if first is None:
+            await asyncio.sleep(1.0)
         while True:
-            conn: postgres.PlainConnection | None = None
+            conn, first = first, None
             try:
-                conn = await self._listen()
+                if conn is None:
+                    conn = await self._listen()
                 attempts = 0
                 await self._watch(conn)
             except Exception as exc:
@@ -72,7 +96,9 @@ class Listener:
 
     async def _listen(self) -> postgres.PlainConnection:
         """A new connection that LISTENs; the relay is woken once, for what it missed."""
-        conn = await postgres.connect(self.settings, application_name=APPLICATION_NAME)
+        conn = await postgres.connect(
+            self.settings, application_name=APPLICATION_NAME, setting=self.setting
+        )
         try:
             await conn.add_listener(CHANNEL, self._notified)
         except BaseException:
@@ -153,8 +179,10 @@ async def listening(settings: Settings, wake: asyncio.Event) -> AsyncIterator[Li
         )
         yield Listener(settings, wake)
         return
-    listener = Listener(session, wake)
-    task = asyncio.create_task(listener.run(), name="relay-listener")
+    setting = "EXPIRY_DB_SESSION_URL" if settings.db_pooler == "transaction" else "DATABASE_URL"
+    listener = Listener(session, wake, setting=setting)
+    first = await listener.first()
+    task = asyncio.create_task(listener.run(first), name="relay-listener")
     try:
         yield listener
     finally:

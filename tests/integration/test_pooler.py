@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -173,6 +174,29 @@ async def test_the_relay_polls_behind_it_and_says_so_or_listens_on_the_session_u
     said = [record.msg for record in caplog.records]
     assert "relay.listening" in said
     assert "relay.polling_only" not in said
+
+
+async def test_a_relay_whose_listen_server_is_down_at_start_starts_and_polls(
+    pooled: support.Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EXPIRY_DB_SESSION_URL naming a server that is down (a closed port) is no setting
+    to refuse, it may come back: the relay starts, says relay.listen_failed once, and
+    publishes every event from its poll."""
+    caplog.set_level(logging.INFO, "service.relay")
+    down = pooled.database_url.replace(
+        f":{urlsplit(pooled.database_url).port}/", f":{support.free_port()}/"
+    )
+    settings = pooled.settings.model_copy(
+        update={"relay_poll_seconds": 0.2, "db_session_url": down}
+    )
+    await bind_reader_queue(pooled.amqp_url)
+    await insert_events(pooled, 20)
+    async with running_relay(settings):
+        await support.eventually(lambda: all_sent(pooled, 20))
+    failed = [record for record in caplog.records if record.msg == "relay.listen_failed"]
+    assert [record.levelno for record in failed][:1] == [logging.WARNING]
+    assert all(record.levelno == logging.DEBUG for record in failed[1:])
+    assert "relay.listening" not in [record.msg for record in caplog.records]
 
 
 @pytest.mark.parametrize(

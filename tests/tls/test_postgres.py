@@ -1,7 +1,8 @@
 """The service over sslmode=verify-full to a cluster that takes TLS alone, with a client
 certificate as the login: it migrates, scans and expires; and every TLS failure (a wrong
 CA, a host name mismatch, no client certificate, an expired certificate, a plain server)
-stops a command at start with one line naming DATABASE_URL, no traceback."""
+stops a command at start with one line naming DATABASE_URL, no traceback; the relay's
+LISTEN URL behind a transaction pooler, EXPIRY_DB_SESSION_URL, is named as itself."""
 
 from __future__ import annotations
 
@@ -131,3 +132,18 @@ async def test_a_server_whose_tls_changed_stops_a_command_with_one_line(
     why = EXPIRED if case == "expired" else PLAIN
     assert line.endswith(_expected(tls_postgres, why))
     assert "Traceback" not in line
+
+
+async def test_a_relay_whose_listen_url_is_refused_stops_with_one_line_naming_that_url(
+    stack: support.Stack, tls_postgres: PgCluster, tls_certs: Certs
+) -> None:
+    """Behind a transaction pooler the relay LISTENs through a URL of its own: its TLS
+    refused stops the relay at start, naming EXPIRY_DB_SESSION_URL (DATABASE_URL works),
+    where it would otherwise have polled for ever, retrying what no retry can mend."""
+    session_url = postgres_url(tls_postgres, tls_certs, root=tls_certs.wrong_ca)
+    env = stack.env(EXPIRY_DB_POOLER="transaction", EXPIRY_DB_SESSION_URL=session_url)
+    line = await asyncio.to_thread(refusal, "service.relay", env)
+    where = f"PostgreSQL at localhost:{tls_postgres.port}"
+    assert line.endswith(
+        f": configuration error: EXPIRY_DB_SESSION_URL: TLS to {where} refused: {UNTRUSTED}"
+    )

@@ -159,14 +159,17 @@ async def _keep_session(_conn: PlainConnection) -> None:
     """
 
 
-async def connect(settings: Settings, *, application_name: str) -> PlainConnection:
-    """Open one connection (for the scan and the migrations)."""
+async def connect(
+    settings: Settings, *, application_name: str, setting: str = "DATABASE_URL"
+) -> PlainConnection:
+    """Open one connection (for the scan and the migrations; the relay's LISTEN, whose
+    URL may be another ``setting``: the one a refusal names)."""
     try:
         conn: PlainConnection = await asyncpg.connect(
             settings.database_url, **_connect_options(settings, application_name)
         )
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise _unreachable(settings, exc) from exc
+        raise _unreachable(settings, exc, setting) from exc
     if isinstance(conn, Session):
         conn.local_settings = local_settings(settings)
     return conn
@@ -203,13 +206,16 @@ def pooled(
     return _closed_at_end(create_pool(settings, application_name=name, size=size, flushed=flushed))
 
 
-def _unreachable(settings: Settings, exc: BaseException) -> Exception:
-    """What a failed connect raises: ``TlsRefused`` (one line naming the setting, no retry
-    helps) for a TLS failure, else a ``ConnectionError``."""
+def _unreachable(
+    settings: Settings, exc: BaseException, setting: str = "DATABASE_URL"
+) -> Exception:
+    """What a failed connect raises: ``TlsRefused`` (one line naming ``setting``, whose
+    URL ``settings.database_url`` is; no retry helps) for a TLS failure, else a
+    ``ConnectionError``."""
     why = tls_failure(exc)
     if why is not None:
         hosts = ", ".join(str(host) for host in parse_dsn(settings.database_url).hosts)
-        return refused("DATABASE_URL", f"PostgreSQL at {hosts}", why)
+        return refused(setting, f"PostgreSQL at {hosts}", why)
     reason = str(exc).strip() or type(exc).__name__
     return ConnectionError(redact(f"cannot reach PostgreSQL at {settings.database_url}: {reason}"))
 
