@@ -167,8 +167,8 @@ def polling_only(settings: Settings) -> bool:
 async def listening(settings: Settings, wake: asyncio.Event) -> AsyncIterator[Listener]:
     """A ``Listener`` running for the block (stopped at its end), on a session of its own
     (``postgres.session_settings``); none when there can be none (``polling_only``)."""
-    session = postgres.session_settings(settings)
-    if session is None:
+    found = postgres.session_settings(settings)
+    if found is None:
         log.warning(
             "relay.polling_only",
             extra={
@@ -179,7 +179,7 @@ async def listening(settings: Settings, wake: asyncio.Event) -> AsyncIterator[Li
         )
         yield Listener(settings, wake)
         return
-    setting = "EXPIRY_DB_SESSION_URL" if settings.db_pooler == "transaction" else "DATABASE_URL"
+    session, setting = found
     listener = Listener(session, wake, setting=setting)
     first = await listener.first()
     task = asyncio.create_task(listener.run(first), name="relay-listener")

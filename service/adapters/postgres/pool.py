@@ -80,17 +80,19 @@ def _connect_options(
     return options
 
 
-def session_settings(settings: Settings) -> Settings | None:
-    """The settings of a connection that keeps its session (a LISTEN lives on it):
-    ``settings`` themselves unless DATABASE_URL goes through a transaction pooler, then
-    ``EXPIRY_DB_SESSION_URL``'s; None when that is not given."""
+def session_settings(settings: Settings) -> tuple[Settings, str] | None:
+    """The settings of a connection that keeps its session (a LISTEN lives on it), and
+    the setting its URL comes from (what a refusal names): ``settings`` themselves and
+    DATABASE_URL unless that goes through a transaction pooler, then
+    EXPIRY_DB_SESSION_URL's; None when that is not given."""
     if settings.db_pooler != "transaction":
-        return settings
+        return settings, "DATABASE_URL"
     if settings.db_session_url is None:
         return None
-    return settings.model_copy(
+    session = settings.model_copy(
         update={"database_url": settings.db_session_url, "db_pooler": "none"}
     )
+    return session, "EXPIRY_DB_SESSION_URL"
 
 
 def local_settings(settings: Settings, *, flushed: bool = True) -> str | None:
